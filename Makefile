@@ -1,0 +1,30 @@
+# Each target creates/uses the local virtualenv .venv itself: `make demo` and `make test` are the
+# only two commands a newcomer needs on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint docker-up clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/bisect demo
+
+# Starts the Docker engine and builds the offline base image where that is possible (the Docker
+# tests skip with the reason where it is not), then runs the whole suite.
+test: $(STAMP)
+	-bash scripts/docker-up.sh
+	$(BIN)/python -m pytest -q -ra
+
+lint: $(STAMP)
+	$(BIN)/ruff check bisect_tool tests bench
+	$(BIN)/mypy bisect_tool
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,245 @@
+"""Recipes: TOML files that describe one kind of bisect (what to swap, how to boot, what to probe).
+
+Validated strictly: an unknown key, a wrong type or a missing field is a one-line ``RecipeError``
+naming the key and the file. Bundled recipes live in ``bisect_tool/recipes/`` (``--recipe NAME``);
+a path works too. CLI flags override recipe values through :func:`Recipe.override`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bisect_tool.errors import RecipeError
+
+BUNDLED_DIR = Path(__file__).parent / "recipes"
+
+
+@dataclass(frozen=True)
+class RangeSettings:
+    # Only commits touching these paths are candidates (extension-swap mode): a commit that
+    # changes only Python cannot change the swapped compiled files.
+    paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ArtifactSettings:
+    # Tried in order; each gives the candidate's files or says "unavailable" (untestable).
+    sources: tuple[str, ...] = ("wheel-index", "release", "local", "source-build")
+    swap_set: tuple[str, ...] = ()
+    package: str = "vllm"
+    wheel_index_url: str = "https://wheels.vllm.ai"
+    variant: str = ""
+    local_paths: dict[str, str] = field(default_factory=dict)  # commit or tag -> wheel or dir
+    build_executor: str = "docker"  # "docker" (Dockerfile.base builder stage) or "host"
+    build_command: str = ""  # run in the candidate's worktree; must produce the swap set
+    build_image: str = ""
+    arch_list: str = "9.0"
+    max_jobs: int = 2
+    cache_dir: str = ""  # default: $XDG_CACHE_HOME/bisect
+    cache_max_bytes: int = 20 * 1024**3
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    backend: str = "local"  # "local", "docker" or "ray"
+    image: str = ""  # docker: the pinned image
+    python: str = "python3"  # local: the interpreter of the pinned stack
+    pinned_package_dir: str = ""  # where the pinned package lives ("" = import it and ask)
+    server_module: str = ""  # e.g. "vllm.entrypoints.openai.api_server"
+    server_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    model: str = ""  # local model path or name passed with --model
+    model_cache: str = ""  # mounted read-only into containers
+    weights: str = ""  # "random:CONFIG" makes a random checkpoint; a dir uses it; "" = server args
+    gpus: tuple[str, ...] = ()
+    shm_size: str = "8g"
+    boot_timeout_s: float = 600.0
+    ray_address: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    kind: str = "server"  # "server" (determinism across repeats), "op" (focused kernel), "run"
+    requests: int = 31
+    fillers: int = 13
+    prefix_tokens: int = 16
+    prompt_tokens: int = 24  # per request, after the shared prefix
+    filler_tokens: int = 16
+    vocab_size: int = 151_936
+    repeats: int = 5
+    max_tokens: int = 24
+    logprobs: int = 5
+    seed: int = 0
+    jitter_ms: float = 40.0  # random submission delay per request: varies how steps form
+    target_coresidency: int = 0  # lifetimes that never reach it are INCONCLUSIVE (0: M + F)
+    invariance_env: str = "VLLM_BATCH_INVARIANT"
+    request_timeout_s: float = 120.0
+    controls: bool = True
+    # op probe
+    ops: tuple[str, ...] = ("rms_norm", "fused_add_rms_norm")
+    op_namespace: str = "_C"
+    dtypes: tuple[str, ...] = ("float16",)
+    hidden_sizes: tuple[int, ...] = (512, 4096)
+    seeds: int = 16
+    row_counts: tuple[int, int] = (255, 300)
+    # run probe
+    command: str = ""
+    timeout_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    confidence: float = 0.99
+    lifetimes_per_candidate: int = 3  # batch size when a candidate is prepared
+    max_evaluations: int = 400
+    max_end_lifetimes: int = 12  # the bad end must show the bug within this many lifetimes
+    cost_new_candidate: float = 10.0
+    cost_lifetime: float = 1.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str = ""
+    range: RangeSettings = field(default_factory=RangeSettings)
+    artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    search: SearchSettings = field(default_factory=SearchSettings)
+    source: str = ""  # where it was loaded from
+
+    def override(self, section: str, **values: Any) -> Recipe:
+        """A copy with some values of one section replaced (CLI flags win over the recipe)."""
+        given = {k: v for k, v in values.items() if v is not None}
+        if not given:
+            return self
+        current = getattr(self, section)
+        try:
+            updated = dataclasses.replace(current, **given)
+        except TypeError as exc:
+            raise RecipeError(f"unknown setting for [{section}]: {exc}") from None
+        return dataclasses.replace(self, **{section: updated})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS: dict[str, type] = {
+    "range": RangeSettings,
+    "artifacts": ArtifactSettings,
+    "runtime": RuntimeSettings,
+    "probe": ProbeSettings,
+    "search": SearchSettings,
+}
+
+
+def bundled_names() -> list[str]:
+    return sorted(p.stem for p in BUNDLED_DIR.glob("*.toml") if not p.stem.startswith("_"))
+
+
+def find(name_or_path: str) -> Path:
+    """A bundled recipe by name, or a path to a TOML file."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise RecipeError(f"recipe file not found: {path}")
+        return path
+    bundled = BUNDLED_DIR / f"{name_or_path}.toml"
+    if bundled.is_file():
+        return bundled
+    names = ", ".join(bundled_names())
+    raise RecipeError(f"unknown recipe '{name_or_path}'; bundled recipes: {names} (or give a path)")
+
+
+def load(name_or_path: str) -> Recipe:
+    path = find(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"{path}: not valid TOML: {exc}") from None
+    return from_dict(data, source=str(path))
+
+
+def from_dict(data: dict[str, Any], source: str = "<dict>") -> Recipe:
+    known = {"name", "description", *_SECTIONS}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RecipeError(
+            f"{source}: unknown key '{unknown[0]}' at top level; known: {', '.join(sorted(known))}"
+        )
+    if "name" not in data:
+        raise RecipeError(f"{source}: missing field 'name'")
+    kwargs: dict[str, Any] = {
+        "name": _check(source, "name", data["name"], str),
+        "description": _check(source, "description", data.get("description", ""), str),
+        "source": source,
+    }
+    for section, cls in _SECTIONS.items():
+        raw = data.get(section, {})
+        if not isinstance(raw, dict):
+            raise RecipeError(f"{source}: [{section}] must be a table")
+        kwargs[section] = _build_section(source, section, cls, raw)
+    return Recipe(**kwargs)
+
+
+def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise RecipeError(
+                f"{source}: unknown key '{key}' in [{section}]; known: {', '.join(sorted(names))}"
+            )
+        values[key] = _check(source, f"{section}.{key}", value, hints[key])
+    return cls(**values)
+
+
+def _check(source: str, where: str, value: Any, expected: Any) -> Any:
+    """Check a TOML value against a field's type; tuples come from TOML arrays."""
+    origin = typing.get_origin(expected)
+    problem = f"{source}: '{where}' must be {_describe(expected)}, got {type(value).__name__}"
+    if expected is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RecipeError(problem)
+        return float(value)
+    if expected is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecipeError(problem)
+        return value
+    if expected in (str, bool):
+        if not isinstance(value, expected):
+            raise RecipeError(problem)
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise RecipeError(problem)
+        args = typing.get_args(expected)
+        item_type = args[0]
+        if len(args) == 2 and args[1] is not Ellipsis and len(value) != 2:
+            raise RecipeError(f"{source}: '{where}' must have exactly 2 items")
+        return tuple(_check(source, where, item, item_type) for item in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RecipeError(problem)
+        return {str(k): _check(source, f"{where}.{k}", v, str) for k, v in value.items()}
+    if isinstance(expected, types.UnionType):
+        return value
+    raise RecipeError(f"{source}: cannot check '{where}'")
+
+
+def _describe(expected: Any) -> str:
+    origin = typing.get_origin(expected)
+    if origin is tuple:
+        return f"a list of {_describe(typing.get_args(expected)[0])}"
+    if origin is dict:
+        return "a table of strings"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
+        expected, str(expected)
+    )

@@ -1,0 +1,39 @@
+"""Plain values shared by every stage: outcomes and what a lifetime saw.
+
+Vocabulary (see DESIGN.md): a *candidate* is a commit under test, a *lifetime* one fresh server,
+a *repeat* one pass of the workload inside a lifetime, an *observation* one lifetime's verdict.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Verdict(enum.StrEnum):
+    """What one lifetime (or one probe run) saw."""
+
+    CLEAN = "clean"  # the behaviour of the good side
+    DIVERGENT = "divergent"  # the bad behaviour (e.g. repeats disagree)
+    INCONCLUSIVE = "inconclusive"  # ran, but could not tell (e.g. the target batch never formed)
+    UNTESTABLE = "untestable"  # could not run: no artifact, build/boot failure, ABI mismatch
+
+
+class Direction(enum.StrEnum):
+    """Which flip the search looks for."""
+
+    REGRESSION = "regression"  # good is older: find the first bad commit
+    FIX = "fix"  # bad is older: find the first good commit
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One lifetime's result for one candidate, as the journal stores it."""
+
+    commit: str
+    verdict: Verdict
+    lifetime_id: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    duration_s: float = 0.0
