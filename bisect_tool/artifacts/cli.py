@@ -1,6 +1,193 @@
+"""``bisect artifacts ...``: fetch, ls, gc, extract, import.
+
+Imported by bisect_tool/cli.py at start-up, so only click and the standard library are imported
+at module level; gitpython, docker, tenacity and httpx are imported by the commands that need
+them (``extract`` and ``import`` of a full SHA run on a GPU machine without them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from pathlib import Path
+
 import click
+
+from bisect_tool.errors import RangeError, UsageError
+from bisect_tool.recipe import ArtifactSettings
+
+DEFAULT_RECIPE = "batch-invariance"
+FULL_SHA = re.compile(r"^[0-9a-fA-F]{40}$")
+
+
+def _echo_err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _settings(recipe: str | None, members: tuple[str, ...] = ()) -> ArtifactSettings:
+    """The recipe's [artifacts]; --member overrides its swap set. The default recipe is used
+    only where it is bundled; without it, --member is required."""
+    from bisect_tool import recipe as recipes
+
+    if recipe is None:
+        try:
+            recipes.find(DEFAULT_RECIPE)
+            recipe = DEFAULT_RECIPE
+        except Exception:
+            if not members:
+                raise UsageError(
+                    f"no bundled recipe '{DEFAULT_RECIPE}'; give --member PATH or --recipe NAME"
+                ) from None
+            return ArtifactSettings(swap_set=members)
+    settings = recipes.load(recipe).artifacts
+    if members:
+        settings = dataclasses.replace(settings, swap_set=members)
+    return settings
+
+
+def _with_cache_dir(settings: ArtifactSettings, cache_dir: str | None) -> ArtifactSettings:
+    return dataclasses.replace(settings, cache_dir=cache_dir) if cache_dir else settings
+
+
+def resolve_ref(repo_path: Path, ref: str) -> tuple[str, tuple[str, ...]]:
+    """A ref -> (full SHA, tags pointing at it). A full SHA needs no git (GPU machine)."""
+    try:
+        import git
+    except ImportError:
+        if FULL_SHA.match(ref):
+            return ref.lower(), ()
+        raise UsageError(f"'{ref}' needs gitpython to resolve; give the full 40-hex SHA") from None
+    try:
+        repo = git.Repo(repo_path)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        if FULL_SHA.match(ref):
+            return ref.lower(), ()
+        raise UsageError(f"{repo_path} is not a git clone; give --repo PATH") from None
+    with repo:
+        try:
+            commit = repo.commit(ref)
+        except (git.BadName, git.BadObject, ValueError):
+            if FULL_SHA.match(ref):  # e.g. artifacts imported for a commit this clone lacks
+                return ref.lower(), ()
+            names = [t.name for t in repo.tags] + [h.name for h in repo.heads]
+            near = difflib.get_close_matches(ref, names, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise RangeError(f"unknown ref '{ref}' in {repo_path}{hint}") from None
+        tags = tuple(sorted(t.name for t in repo.tags if t.commit.hexsha == commit.hexsha))
+        return commit.hexsha, tags
 
 
 @click.group("artifacts")
 def artifacts_group() -> None:
     """Fetch, list and clean the cached compiled extensions of candidates."""
+
+
+cache_option = click.option(
+    "--cache-dir",
+    default=None,
+    help="Cache folder (default: $BISECT_CACHE_DIR or ~/.cache/bisect).",
+)
+recipe_option = click.option(
+    "--recipe", default=None, help=f"Recipe name or path (default: {DEFAULT_RECIPE})."
+)
+
+
+@artifacts_group.command("fetch")
+@click.argument("refs", nargs=-1, required=True)
+@recipe_option
+@click.option("--repo", "repo", default=".", type=click.Path(path_type=Path), show_default=True)
+@cache_option
+def fetch_command(refs: tuple[str, ...], recipe: str | None, repo: Path, cache_dir: str | None):
+    """Fetch (or build) the swap set of each REF into the cache."""
+    from bisect_tool.artifacts import make_provider
+
+    settings = _with_cache_dir(_settings(recipe), cache_dir)
+    resolved = [resolve_ref(repo, ref) for ref in refs]
+    with make_provider(settings, repo, progress=_echo_err) as provider:
+        for sha, tags in resolved:
+            swap = provider.get(sha, tags)
+            for rel, path in swap.files.items():
+                click.echo(f"{sha[:12]}  {swap.source:<12}  {swap.sha256[rel][:16]}  {rel}  {path}")
+        _echo_err(f"downloaded {provider.bytes_downloaded} bytes")
+
+
+@artifacts_group.command("ls")
+@cache_option
+def ls_command(cache_dir: str | None) -> None:
+    """List cached commits, most recently used first."""
+    import time
+
+    from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+
+    cache = ArtifactCache(default_cache_dir(cache_dir or ""))
+    entries = cache.entries()
+    for m in entries:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_used))
+        click.echo(
+            f"{m.commit[:12]}  {m.source:<12}  {len(m.files)} file(s)  {m.total_bytes:>12}  {used}"
+        )
+    click.echo(f"{len(entries)} commit(s), {cache.total_bytes()} bytes in {cache.root}", err=True)
+
+
+@artifacts_group.command("gc")
+@click.option("--max-bytes", type=int, default=None, help="Cap (default: the recipe's).")
+@recipe_option
+@cache_option
+def gc_command(max_bytes: int | None, recipe: str | None, cache_dir: str | None) -> None:
+    """Evict least recently used commits until the cache fits the cap."""
+    from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+
+    if max_bytes is None:
+        try:
+            max_bytes = _settings(recipe).cache_max_bytes
+        except UsageError:
+            max_bytes = ArtifactSettings().cache_max_bytes
+    if max_bytes < 0:
+        raise UsageError("--max-bytes must be >= 0")
+    cache = ArtifactCache(default_cache_dir(cache_dir or ""))
+    result = cache.gc(max_bytes)
+    for commit in result.removed:
+        click.echo(f"evicted {commit[:12]}")
+    click.echo(f"freed {result.freed_bytes} bytes; {result.remaining_bytes} bytes remain")
+
+
+@artifacts_group.command("extract")
+@click.argument("wheel", type=click.Path(path_type=Path))
+@click.option("--member", "members", multiple=True, help="Path inside the wheel (repeatable).")
+@click.option("--out", "out", default=".", type=click.Path(path_type=Path), show_default=True)
+@recipe_option
+def extract_command(wheel: Path, members: tuple[str, ...], out: Path, recipe: str | None) -> None:
+    """Extract only the swap-set members of WHEEL (no full unzip); print sha256, size, path."""
+    from bisect_tool.artifacts.extract import extract_members
+
+    swap = members or _settings(recipe).swap_set
+    for item in extract_members(wheel, swap, out):
+        click.echo(f"{item.sha256}  {item.size:>12}  {item.path}")
+
+
+@artifacts_group.command("import")
+@click.option("--commit", "ref", required=True, help="SHA or tag the files belong to.")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--member", "members", multiple=True, help="Swap-set path (default: the recipe's).")
+@recipe_option
+@click.option("--repo", "repo", default=".", type=click.Path(path_type=Path), show_default=True)
+@cache_option
+def import_command(
+    ref: str,
+    files: tuple[Path, ...],
+    members: tuple[str, ...],
+    recipe: str | None,
+    repo: Path,
+    cache_dir: str | None,
+) -> None:
+    """Put a wheel, or the swap-set files themselves, into the cache for a commit (for machines
+    that cannot download)."""
+    from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+
+    settings = _settings(recipe, members)
+    sha, _tags = resolve_ref(repo, ref)
+    cache = ArtifactCache(default_cache_dir(cache_dir or settings.cache_dir))
+    swap = cache.import_paths(sha, list(files), settings.swap_set)
+    for rel, path in swap.files.items():
+        click.echo(f"{sha[:12]}  {swap.sha256[rel]}  {rel}  {path}")

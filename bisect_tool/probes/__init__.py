@@ -1,1 +1,36 @@
-"""probes stage."""
+"""Probes stage: decides what one lifetime saw.
+
+- ``ServerDeterminismProbe`` (server.py): the concurrent repeat workload of vLLM issue 51187.
+- ``run_controls`` / ``ControlsResult`` / ``gate`` (controls.py): positive and negative controls.
+- ``OpProbe`` (op.py, child script op_child.py): RMSNorm rows in 255- vs 300-row launches.
+- ``render_server_detail`` / ``render_op_detail`` (render.py): Markdown tables for the report.
+
+Names are imported lazily so that ``python -m bisect_tool.probes --extension`` needs no httpx.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ServerDeterminismProbe": "server",
+    "target_coresidency": "server",
+    "ControlsResult": "controls",
+    "run_controls": "controls",
+    "gate": "controls",
+    "may_report_clean": "controls",
+    "may_report_divergent": "controls",
+    "OpProbe": "op",
+    "summarize_cases": "op",
+    "render_server_detail": "render",
+    "render_op_detail": "render",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"bisect_tool.probes.{_EXPORTS[name]}"), name)
+    raise AttributeError(name)

@@ -1,6 +1,143 @@
+"""`bisect probe`: run one probe once, against a running server or an extension file.
+
+Exit status is the verdict: 0 CLEAN, 1 DIVERGENT, 2 INCONCLUSIVE, 3 UNTESTABLE (bad flags are
+reported as usage errors by the main CLI). Only stdlib, click and (for ``--server``) httpx are
+imported, so ``python -m bisect_tool.probes --extension ...`` runs on a GPU machine that has
+PyTorch but not this tool's other dependencies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
 import click
+
+from bisect_tool.errors import RecipeError, UsageError
+from bisect_tool.interfaces import ProbeResult, ServerHandle
+from bisect_tool.recipe import BUNDLED_DIR, ProbeSettings, load
+from bisect_tool.values import Verdict
+
+DEFAULT_RECIPE = "batch-invariance"
+EXIT_CODES = {
+    Verdict.CLEAN: 0,
+    Verdict.DIVERGENT: 1,
+    Verdict.INCONCLUSIVE: 2,
+    Verdict.UNTESTABLE: 3,
+}
+
+
+def probe_settings(recipe: str, **overrides: Any) -> ProbeSettings:
+    """The recipe's probe settings with CLI overrides (None = not given)."""
+    try:
+        settings = load(recipe).probe
+    except RecipeError:
+        # The bundled recipe may not be written yet; its defaults are ProbeSettings()'s.
+        if recipe != DEFAULT_RECIPE or (BUNDLED_DIR / f"{DEFAULT_RECIPE}.toml").exists():
+            raise
+        settings = ProbeSettings()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(settings, **given) if given else settings
+
+
+def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {pair!r} must be KEY=VALUE, e.g. VLLM_BATCH_INVARIANT=1")
+        env[key] = value
+    return env
 
 
 @click.command("probe")
-def probe_command() -> None:
-    """Run one probe once (against a server, a candidate or an extension file)."""
+@click.option("--server", "server_url", metavar="URL", help="Probe a running server once.")
+@click.option("--sequential", is_flag=True,
+              help="With --server: one request in flight at a time (the negative control).")
+@click.option("--model", default=None, help="Model name for requests (default: /v1/models).")
+@click.option("--extension", type=click.Path(path_type=Path), metavar="PATH",
+              help="Run the focused op check on this compiled extension (.so).")
+@click.option("--python", "python", default=None, metavar="EXE",
+              help="Interpreter with PyTorch for --extension (default: this one).")
+@click.option("--env", "env_pairs", multiple=True, metavar="K=V",
+              help="Environment for the --extension child, e.g. VLLM_BATCH_INVARIANT=1.")
+@click.option("--commit", default=None, metavar="REF", help="Probe one candidate commit.")
+@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, help="Recipe name or path.")
+@click.option("--requests", type=int, default=None, help="Requests sharing the prefix (M).")
+@click.option("--fillers", type=int, default=None, help="Unrelated filler requests (F).")
+@click.option("--repeats", type=int, default=None, help="Repeats compared pairwise (R).")
+@click.option("--max-tokens", type=int, default=None)
+@click.option("--jitter-ms", type=float, default=None,
+              help="Random submission delay per request, 0..N ms.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw result as JSON.")
+def probe_command(
+    server_url: str | None,
+    sequential: bool,
+    model: str | None,
+    extension: Path | None,
+    python: str | None,
+    env_pairs: tuple[str, ...],
+    commit: str | None,
+    recipe: str,
+    requests: int | None,
+    fillers: int | None,
+    repeats: int | None,
+    max_tokens: int | None,
+    jitter_ms: float | None,
+    as_json: bool,
+) -> None:
+    """Run one probe once (against a running server or an extension file).
+
+    Exit status: 0 CLEAN, 1 DIVERGENT, 2 INCONCLUSIVE, 3 UNTESTABLE.
+    """
+    given = [name for name, v in (("--server", server_url), ("--extension", extension),
+                                  ("--commit", commit)) if v is not None]
+    if len(given) != 1:
+        raise UsageError("give exactly one of --server URL, --extension PATH or --commit REF")
+    if commit is not None:
+        raise UsageError(
+            "--commit needs a session recipe; start a session with `bisect start` or probe a "
+            "running server with --server URL"
+        )
+    settings = probe_settings(recipe, requests=requests, fillers=fillers, repeats=repeats,
+                              max_tokens=max_tokens, jitter_ms=jitter_ms)
+    if server_url is not None:
+        result = _probe_server(server_url, settings, sequential, model)
+    else:
+        assert extension is not None
+        result = _probe_extension(extension, settings, python, parse_env(env_pairs))
+    if as_json:
+        click.echo(json.dumps({"verdict": result.verdict.value, "message": result.message,
+                               "detail": result.detail}, indent=2))
+    else:
+        from bisect_tool.probes.render import render_op_detail, render_server_detail
+
+        render = render_op_detail if extension is not None else render_server_detail
+        click.echo(render(result.detail))
+        click.echo(f"\n{result.verdict.value.upper()}: {result.message}")
+    sys.exit(EXIT_CODES[result.verdict])
+
+
+def _probe_server(
+    url: str, settings: ProbeSettings, sequential: bool, model: str | None
+) -> ProbeResult:
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--server {url!r} must be a URL such as http://127.0.0.1:8000")
+    from bisect_tool.probes.server import ServerDeterminismProbe  # httpx only when needed
+
+    probe = ServerDeterminismProbe(settings, model=model, sequential=sequential)
+    return probe.run(ServerHandle(url=url, lifetime_id="cli", log_path=Path(os.devnull)))
+
+
+def _probe_extension(
+    path: Path, settings: ProbeSettings, python: str | None, env: dict[str, str]
+) -> ProbeResult:
+    if not path.is_file():
+        raise UsageError(f"--extension {path}: no such file; give the path of the .so to check")
+    from bisect_tool.probes.op import OpProbe
+
+    return OpProbe(settings, python=python).run_extension(path, env)

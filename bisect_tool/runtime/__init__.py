@@ -1,1 +1,70 @@
-"""runtime stage."""
+"""Runtime stage: boots one *lifetime* (a fresh server of the pinned stack with a candidate's swap
+set in place), checks a candidate's op schemas against the pinned stack's, and leases GPUs.
+
+``make_backend`` picks the backend the recipe names: ``local`` (a child process group, runs
+anywhere incl. the lent GPU machine without Docker) or ``docker`` (a container of the pinned
+image per lifetime).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from bisect_tool.errors import RecipeError
+from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.runtime.common import RunningServer, sigterm_raises
+from bisect_tool.runtime.gpus import GpuPool
+from bisect_tool.runtime.local import LocalBackend
+from bisect_tool.runtime.schemas import compare_schemas
+
+if TYPE_CHECKING:
+    from bisect_tool.runtime.docker_backend import DockerBackend
+
+__all__ = [
+    "DockerBackend",
+    "GpuPool",
+    "LocalBackend",
+    "RunningServer",
+    "compare_schemas",
+    "make_backend",
+    "sigterm_raises",
+]
+
+
+def make_backend(
+    settings: RuntimeSettings,
+    *,
+    session: str,
+    log_dir: Path,
+    docker_client: Any = None,
+    http_client: httpx.Client | None = None,
+) -> LocalBackend | DockerBackend:
+    """The backend ``settings.backend`` names; a Docker engine that is down is an
+    ``InfrastructureError`` naming scripts/docker-up.sh."""
+    if settings.backend == "local":
+        return LocalBackend(settings, session=session, log_dir=log_dir, http_client=http_client)
+    if settings.backend == "docker":
+        from bisect_tool.runtime.docker_backend import DockerBackend
+
+        return DockerBackend(
+            settings,
+            session=session,
+            log_dir=log_dir,
+            docker_client=docker_client,
+            http_client=http_client,
+        )
+    raise RecipeError(
+        f"unknown runtime backend '{settings.backend}'; [runtime] backend must be local or docker"
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # The docker SDK is imported only when the docker backend is used.
+    if name == "DockerBackend":
+        from bisect_tool.runtime.docker_backend import DockerBackend
+
+        return DockerBackend
+    raise AttributeError(name)

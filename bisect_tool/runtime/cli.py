@@ -1,6 +1,89 @@
+"""`bisect model`: make model weights for lifetimes.
+
+Why random weights at a realistic scale: vLLM's ``--load-format dummy`` weights are tiny, the
+softmax is near-uniform and perturbations fall below float32 resolution, so the batch-invariance
+bug (vLLM issue #51187) never shows and CLEANs mean nothing (measured: vllm-facts.md). A random
+checkpoint at the config's ``initializer_range`` (transformers' ``from_config``) shows it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from pathlib import Path
+from typing import Any
+
 import click
+
+from bisect_tool.errors import InfrastructureError, UsageError
+
+DTYPES = ("float16", "bfloat16", "float32")
 
 
 @click.group("model")
 def model_group() -> None:
     """Make model weights for the runtime (e.g. a random checkpoint at a realistic scale)."""
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise InfrastructureError(
+            "random weights need transformers and torch: pip install transformers torch"
+        ) from None
+
+
+def make_random_checkpoint(
+    config: Path, out: Path, *, dtype: str = "float16", seed: int = 0
+) -> Path:
+    """Write a random checkpoint (safetensors + config) for ``config`` into ``out``."""
+    if not config.exists():
+        raise UsageError(f"config not found: {config}; give a config.json or the folder holding it")
+    config_dir = config if config.is_dir() else config.parent
+    if config.is_dir() and not (config / "config.json").is_file():
+        raise UsageError(f"no config.json in {config}; give a config.json or the folder holding it")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    torch = _import("torch")
+    transformers = _import("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.AutoConfig.from_pretrained(
+        str(config_dir if config.name == "config.json" or config.is_dir() else config)
+    )
+    torch_dtype = getattr(torch, dtype)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
+    except TypeError:  # transformers < 4.56 calls it torch_dtype
+        model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch_dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    # Tokenizer and generation files beside the config travel with it; config.json is the one
+    # save_pretrained just wrote (with the dtype recorded).
+    for extra in config_dir.glob("*.json"):
+        if extra.name != "config.json" and not (out / extra.name).exists():
+            shutil.copy2(extra, out / extra.name)
+    return out
+
+
+@model_group.command("random")
+@click.option(
+    "--config",
+    "config",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="config.json (or its folder) of the model to imitate",
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="folder to write the checkpoint into",
+)
+@click.option("--dtype", default="float16", show_default=True, type=click.Choice(DTYPES))
+@click.option("--seed", default=0, show_default=True, type=int)
+def random_command(config: Path, out: Path, dtype: str, seed: int) -> None:
+    """A random checkpoint at the config's initializer scale (not vLLM's dummy weights)."""
+    made = make_random_checkpoint(config, out, dtype=dtype, seed=seed)
+    click.echo(f"random {dtype} checkpoint written to {made}")

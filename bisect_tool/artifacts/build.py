@@ -1,0 +1,218 @@
+"""Source builds of a candidate's swap set, in a detached ``git worktree`` (never the user's
+checkout; always removed), on the host or in a container of the Dockerfile.base builder stage.
+
+Docker: the builder stage is built once (``docker build --target builder`` with ARCH_LIST and
+MAX_JOBS; Docker's layer cache makes later calls instant) and each candidate is built by a
+container of that image with the worktree bind-mounted at /src and the cache's ccache folder at
+/ccache, on the host network. A ``docker build`` with the worktree as context could not mount
+the compiler cache (the classic builder has no cache mounts), so every candidate would rebuild
+from zero; with the bind mount consecutive commits recompile only what changed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bisect_tool.artifacts.sources import Fetched
+from bisect_tool.errors import ArtifactUnavailable, BuildFailed, InfrastructureError
+from bisect_tool.recipe import ArtifactSettings
+
+DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile.base"
+LOG_TAIL_LINES = 25
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@contextmanager
+def worktree(repo: Path, commit: str, parent: Path) -> Iterator[Path]:
+    """A detached worktree of ``commit`` under ``parent``; removed (and pruned) on exit."""
+    where = Path(tempfile.mkdtemp(prefix="wt-", dir=parent)) / "src"
+    result = subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(where), commit],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        shutil.rmtree(where.parent, ignore_errors=True)
+        message = (result.stderr.strip().splitlines() or ["git worktree add failed"])[-1]
+        raise ArtifactUnavailable(f"cannot check out {commit[:12]} in {repo}: {message}")
+    try:
+        yield where
+    finally:
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "remove", "--force", str(where)],
+            capture_output=True,
+        )
+        shutil.rmtree(where.parent, ignore_errors=True)
+        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+
+
+class SourceBuild:
+    """The ``source-build`` source."""
+
+    name = "source-build"
+
+    def __init__(
+        self,
+        settings: ArtifactSettings,
+        repo: Path,
+        *,
+        scratch: Path,
+        ccache_dir: Path,
+        log_dir: Path,
+        docker_client: Any = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.repo = repo
+        self.scratch = scratch
+        self.ccache_dir = ccache_dir
+        self.log_dir = log_dir
+        self._docker = docker_client
+        self.progress = progress or (lambda _msg: None)
+
+    def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
+        if not self.settings.build_command:
+            raise ArtifactUnavailable("no build_command in the recipe's [artifacts]")
+        if not (self.repo / ".git").exists():
+            raise ArtifactUnavailable(f"{self.repo} is not a git clone; give --repo")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"build-{commit[:12]}.log"
+        executor = self.settings.build_executor
+        with worktree(self.repo, commit, self.scratch) as src:
+            self.progress(f"building {commit[:12]} ({executor}); log: {log}")
+            if executor == "host":
+                code = self._host(src, log)
+            elif executor == "docker":
+                code = self._container(src, log)
+            else:
+                raise ArtifactUnavailable(
+                    f"unknown build_executor '{executor}'; use 'docker' or 'host'"
+                )
+            if code != 0:
+                raise BuildFailed(
+                    f"build of {commit[:12]} failed (exit {code}); log {log}, last lines:\n"
+                    + log_tail(log)
+                )
+            out = work / "built"
+            for rel in self.settings.swap_set:
+                built = src / rel
+                if not built.is_file():
+                    raise BuildFailed(
+                        f"build of {commit[:12]} succeeded but did not produce {rel}; "
+                        f"check build_command (log {log})"
+                    )
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(built, out / rel)  # the worktree is removed on leaving this block
+        return Fetched("dir", out, f"source-build:{executor}:{commit}")
+
+    def _env(self) -> dict[str, str]:
+        return {
+            "ARCH_LIST": self.settings.arch_list,
+            "TORCH_CUDA_ARCH_LIST": self.settings.arch_list,
+            "MAX_JOBS": str(self.settings.max_jobs),
+        }
+
+    def _host(self, src: Path, log: Path) -> int:
+        env = {**os.environ, **self._env(), "CCACHE_DIR": str(self.ccache_dir)}
+        if Path("/usr/lib/ccache").is_dir():  # Debian's compiler wrappers: gcc goes via ccache
+            env["PATH"] = "/usr/lib/ccache:" + env.get("PATH", "")
+        with log.open("wb") as out:
+            process = subprocess.run(
+                ["bash", "-c", self.settings.build_command],
+                cwd=src,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        return process.returncode
+
+    # --- docker --------------------------------------------------------------------------
+    def _client(self) -> Any:
+        if self._docker is None:
+            try:
+                import docker
+
+                client = docker.from_env()
+                client.ping()
+            except Exception as exc:  # docker raises several unrelated types here
+                raise InfrastructureError(
+                    f"Docker engine not reachable ({exc}); start it (scripts/docker-up.sh) "
+                    "or set build_executor = 'host'"
+                ) from None
+            self._docker = client
+        return self._docker
+
+    def builder_image(self) -> str:
+        """The image candidates are built in: settings.build_image, else Dockerfile.base's
+        builder stage (built here; Docker's cache makes it a no-op after the first time)."""
+        if self.settings.build_image:
+            return self.settings.build_image
+        if not DOCKERFILE.is_file():
+            raise InfrastructureError(
+                f"{DOCKERFILE} not found; set [artifacts] build_image to a builder image"
+            )
+        client = self._client()
+        tag = "bisect-builder:latest"
+        with tempfile.TemporaryDirectory(prefix="ctx-", dir=self.scratch) as context:
+            try:
+                client.images.build(
+                    path=context,  # the builder stage copies nothing in: sources are mounted
+                    dockerfile=str(DOCKERFILE),
+                    target="builder",
+                    tag=tag,
+                    buildargs={
+                        "ARCH_LIST": self.settings.arch_list,
+                        "MAX_JOBS": str(self.settings.max_jobs),
+                    },
+                    network_mode="host",
+                    rm=True,
+                )
+            except Exception as exc:
+                raise InfrastructureError(
+                    f"building the builder stage of {DOCKERFILE.name} failed: {exc}; "
+                    "is the base image there (scripts/docker-up.sh)?"
+                ) from None
+        return tag
+
+    def _container(self, src: Path, log: Path) -> int:
+        client = self._client()
+        image = self.builder_image()
+        self.ccache_dir.mkdir(parents=True, exist_ok=True)
+        container = client.containers.create(
+            image,
+            command=["bash", "-c", self.settings.build_command],
+            working_dir="/src",
+            environment={**self._env(), "CCACHE_DIR": "/ccache", "HOME": "/tmp"},
+            volumes={
+                str(src): {"bind": "/src", "mode": "rw"},
+                str(self.ccache_dir): {"bind": "/ccache", "mode": "rw"},
+            },
+            # Our uid, so the worktree stays removable; host network: no bridge (DESIGN.md).
+            user=f"{os.getuid()}:{os.getgid()}",
+            network_mode="host",
+            labels={"bisect.role": "build"},
+        )
+        try:
+            container.start()
+            with log.open("wb") as out:
+                for chunk in container.logs(stream=True, follow=True):
+                    out.write(chunk)
+            status = container.wait()
+            return int(status.get("StatusCode", 1))
+        finally:
+            container.remove(force=True)

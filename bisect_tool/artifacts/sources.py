@@ -1,0 +1,281 @@
+"""Where a candidate's compiled files come from. Each source either hands back a wheel or a
+folder holding the swap set, or raises ``ArtifactUnavailable`` saying why (the provider tries
+the next source and, if all fail, lists every reason)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any, Literal, Protocol
+from urllib.parse import urldefrag, urljoin
+
+from bisect_tool.artifacts.download import Downloader, NotFound
+from bisect_tool.errors import ArtifactUnavailable
+
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+# Before metadata.json existed, vLLM's per-commit folder held one wheel under a fixed name.
+LEGACY_WHEEL = "vllm-1.0.0.dev-cp38-abi3-manylinux1_x86_64.whl"
+WHEEL_NAME = re.compile(
+    r"^(?P<name>.+?)-(?P<version>[^-]+?)(-(?P<build>\d[^-]*))?-(?P<py>[^-]+)-(?P<abi>[^-]+)"
+    r"-(?P<plat>[^-]+)\.whl$"
+)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    kind: Literal["wheel", "dir"]
+    path: Path
+    origin: str  # URL or path, for the manifest
+    wheel_sha256: str = ""
+    temporary: bool = False  # delete after extraction (downloaded wheels)
+
+
+class Source(Protocol):
+    name: str
+
+    def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
+        """The candidate's wheel or swap-set folder; ``work`` is scratch the caller removes."""
+        ...
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _wheel_rank(filename: str) -> tuple[int, int] | None:
+    """Sort key for wheels the pinned stack can load (manylinux x86_64): abi3 first, then cp312.
+    None for wheels of other platforms."""
+    match = WHEEL_NAME.match(filename)
+    if not match:
+        return None
+    plat = match["plat"]
+    if "x86_64" not in plat or "linux" not in plat:
+        return None
+    abi_rank = 0 if match["abi"] == "abi3" else 1 if match["py"] == "cp312" else 2
+    return (abi_rank, 0 if "manylinux" in plat else 1)
+
+
+def _download_name(commit: str, url: str, cache_downloads: Path) -> Path:
+    # Stable name per commit and file so a later run resumes a partial left by a crash.
+    return cache_downloads / f"{commit[:12]}-{url.rsplit('/', 1)[-1].replace('%2B', '+')}"
+
+
+class WheelIndexSource:
+    """vLLM's per-commit wheels: ``{base}/{commit}[/{variant}]/vllm/metadata.json`` whose
+    entries' ``path`` is relative to that folder and already quoted (``+`` as ``%2B``); older
+    commits only have ``{base}/{commit}/vllm-1.0.0.dev-cp38-abi3-manylinux1_x86_64.whl``."""
+
+    name = "wheel-index"
+
+    def __init__(
+        self, base_url: str, package: str, variant: str, downloader: Downloader, downloads: Path
+    ) -> None:
+        self.base = base_url.rstrip("/")
+        self.package = package
+        self.variant = variant.strip("/")
+        self.downloader = downloader
+        self.downloads = downloads
+
+    def locate(self, commit: str) -> str:
+        if not FULL_SHA.match(commit):
+            raise ArtifactUnavailable(f"needs a full 40-hex commit, got '{commit}'")
+        folder = f"{self.base}/{commit}/" + (f"{self.variant}/" if self.variant else "")
+        meta_url = f"{folder}{self.package}/metadata.json"
+        try:
+            entries = self.downloader.get(meta_url).json()
+        except ValueError:
+            raise ArtifactUnavailable(f"{meta_url} is not JSON") from None
+        except NotFound as missing:
+            if self.variant:
+                raise ArtifactUnavailable(
+                    f"no variant '{self.variant}' for this commit ({missing})"
+                ) from None
+            # Older layout: one fixed wheel name in the commit folder. A 404 here propagates.
+            return f"{self.base}/{commit}/{LEGACY_WHEEL}"
+        ranked = []
+        for entry in entries if isinstance(entries, list) else []:
+            filename = str(entry.get("filename", ""))
+            rank = _wheel_rank(filename)
+            if rank is None or not entry.get("path"):
+                continue
+            if self.variant and (entry.get("variant") or "") not in ("", self.variant):
+                continue
+            ranked.append((rank, urljoin(meta_url, str(entry["path"]))))
+        if not ranked:
+            raise ArtifactUnavailable(f"{meta_url} lists no manylinux x86_64 wheel")
+        return min(ranked)[1]
+
+    def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
+        url = self.locate(commit)
+        dest = _download_name(commit, url, self.downloads)
+        # The index publishes no hashes: the wheel's own zip CRCs still catch a damaged file.
+        self.downloader.download(url, dest)
+        return Fetched("wheel", dest, url, temporary=True)
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []  # (href, text)
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href") or ""
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self.links.append((self._href, data.strip()))
+            self._href = None
+
+
+def pip_index_url(env: Mapping[str, str] | None = None, home: Path | None = None) -> str:
+    """The index the user's pip uses: $PIP_INDEX_URL, else index-url from pip's config files
+    (site-wide, user, virtualenv, then $PIP_CONFIG_FILE; later wins; [install] over [global])."""
+    env = os.environ if env is None else env
+    if env.get("PIP_INDEX_URL"):
+        return env["PIP_INDEX_URL"]
+    home = home or Path.home()
+    config_file = env.get("PIP_CONFIG_FILE", "")
+    if config_file == os.devnull:
+        return "https://pypi.org/simple"
+    xdg_config = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
+    files = [
+        Path("/etc/xdg/pip/pip.conf"),
+        Path("/etc/pip.conf"),
+        home / ".pip" / "pip.conf",
+        xdg_config / "pip" / "pip.conf",
+        Path(sys.prefix) / "pip.conf",
+    ]
+    if config_file:
+        files.append(Path(config_file))
+    found = ""
+    for path in files:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(path)
+        except configparser.Error:
+            continue
+        for section in ("global", "install"):
+            if parser.has_option(section, "index-url"):
+                found = parser.get(section, "index-url").strip()
+    return found or "https://pypi.org/simple"
+
+
+RELEASE_TAG = re.compile(r"^v?(\d+\.\d+(?:\.\d+)*(?:(?:rc|post|\.post|a|b)\d+)?)$")
+
+
+class ReleaseSource:
+    """Commits that carry a release tag (``v0.26.0``): the release wheel from the simple index
+    (PEP 691 JSON, or PEP 503 HTML), sha256 from the index."""
+
+    name = "release"
+
+    def __init__(
+        self, index_url: str, package: str, downloader: Downloader, downloads: Path
+    ) -> None:
+        self.index = index_url.rstrip("/")
+        self.package = package
+        self.downloader = downloader
+        self.downloads = downloads
+
+    def _files(self) -> list[tuple[str, str, str]]:
+        """(filename, url, sha256) of every file of the package."""
+        url = f"{self.index}/{_norm(self.package)}/"
+        response = self.downloader.get(
+            url,
+            headers={
+                "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1",
+            },
+        )
+        files: list[tuple[str, str, str]] = []
+        if "json" in response.headers.get("content-type", ""):
+            data: Any = response.json()
+            for item in data.get("files", []):
+                href = urljoin(str(response.url), str(item["url"]))
+                plain, fragment = urldefrag(href)
+                sha = (item.get("hashes") or {}).get("sha256", "")
+                if not sha and fragment.startswith("sha256="):
+                    sha = fragment.split("=", 1)[1]
+                files.append((str(item["filename"]), plain, sha))
+            return files
+        parser = _Anchors()
+        parser.feed(response.text)
+        for href, text in parser.links:
+            plain, fragment = urldefrag(urljoin(str(response.url), href))
+            sha = fragment.split("=", 1)[1] if fragment.startswith("sha256=") else ""
+            files.append((text or plain.rsplit("/", 1)[-1], plain, sha))
+        return files
+
+    def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
+        versions = [m[1] for t in tags if (m := RELEASE_TAG.match(t))]
+        if not versions:
+            raise ArtifactUnavailable("the commit carries no release tag")
+        files = self._files()
+        for version in versions:
+            ranked = []
+            for filename, url, sha in files:
+                match = WHEEL_NAME.match(filename)
+                rank = _wheel_rank(filename)
+                if (
+                    match
+                    and rank is not None
+                    and match["version"] == version
+                    and _norm(match["name"]) == _norm(self.package)
+                ):
+                    ranked.append((rank, filename, url, sha))
+            if ranked:
+                _, filename, url, sha = min(ranked)
+                dest = _download_name(commit, url, self.downloads)
+                self.downloader.download(url, dest, sha256=sha)
+                return Fetched("wheel", dest, url, wheel_sha256=sha, temporary=True)
+        raise ArtifactUnavailable(
+            f"{self.index} has no manylinux x86_64 wheel of "
+            + " or ".join(f"{self.package}=={v}" for v in versions)
+        )
+
+
+class LocalSource:
+    """``local_paths``: a commit SHA prefix or a tag -> a wheel file or a folder holding the
+    swap-set files (at their relative paths, or flat by file name)."""
+
+    name = "local"
+
+    def __init__(self, local_paths: Mapping[str, str], swap_set: Sequence[str]) -> None:
+        self.paths = dict(local_paths)
+        self.swap_set = tuple(swap_set)
+
+    def _match(self, commit: str, tags: Sequence[str]) -> Path | None:
+        for key, value in self.paths.items():
+            if key in tags or (len(key) >= 4 and commit.startswith(key.lower())):
+                return Path(value).expanduser()
+        return None
+
+    def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
+        path = self._match(commit, tags)
+        if path is None:
+            raise ArtifactUnavailable("no local_paths entry for this commit or its tags")
+        if path.is_file():
+            return Fetched("wheel", path, str(path.resolve()))
+        if path.is_dir():
+            return Fetched("dir", path, str(path.resolve()))
+        raise ArtifactUnavailable(f"local path {path} does not exist; fix [artifacts] local_paths")
+
+
+def swap_files_in(folder: Path, swap_set: Sequence[str]) -> dict[str, Path]:
+    """Map each swap-set path to its file in ``folder`` (nested or flat); missing -> raise."""
+    found: dict[str, Path] = {}
+    for rel in swap_set:
+        for candidate in (folder / rel, folder / Path(rel).name):
+            if candidate.is_file():
+                found[rel] = candidate
+                break
+        else:
+            raise ArtifactUnavailable(f"{folder} has no {rel}")
+    return found

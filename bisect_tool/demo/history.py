@@ -1,0 +1,419 @@
+"""A generated git history for the demo: a few hundred commits shaped like vLLM's.
+
+``csrc/`` holds the RMSNorm kernel at every commit; ``setup.py`` builds it into
+``demollm/_kernels.so`` (the demo's swap set). Between the tags ``v0.26.0`` (old end, the pinned
+stack's own sources) and ``v0.27.0`` (new end) there are Python-only and docs-only commits,
+merged branches (first-parent history on ``main``), kernel commits that change nothing numerically
+(comments, revision bumps: many candidates with different ``.so`` files), commits that do not
+build (a syntax error fixed a few commits later; a source listed before it exists), and exactly
+one commit that pins the RMSNorm block size under ``VLLM_BATCH_INVARIANT`` (vLLM PR #48391).
+The same seed always gives the same commits, byte for byte (fixed dates and authors), so SHAs
+are stable. Written with ``git fast-import``: one process for the whole history.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from bisect_tool.demo.pinned import BUILD_COMMAND, STACK_DIR, SWAP_PATH
+from bisect_tool.errors import InfrastructureError, UsageError
+
+GOOD_TAG = "v0.27.0"  # new end: has the fix
+BAD_TAG = "v0.26.0"  # old end: the pinned stack's sources
+PLANTED_PR = 48391
+PLANTED_SUBJECT = (
+    "[Bugfix][Kernel] Fix batch invariance in RMSNorm kernels by pinning block size (#48391)"
+)
+KERNEL = "csrc/layernorm_kernels.c"
+
+_BLOCK_LINE = "  int max_block_size = (num_tokens < 256) ? 1024 : 256;\n"
+_FIXED_BLOCK = (
+    "  // Batch-invariant mode pins the block size: a row's reduction order must not depend on\n"
+    "  // how many tokens share the launch (#48391).\n"
+    "  int max_block_size = vllm_is_batch_invariant() ? 1024 : ((num_tokens < 256) ? 1024 : 256);\n"
+)
+_NOTES_ANCHOR = '#include "batch_invariant.h"\n'
+_SYNTAX_OK = "  return total;\n}\n"
+_SYNTAX_BROKEN = "  return total\n}\n"
+_REV_PREFIX = "#define DEMOLLM_KERNELS_REV "
+_SRC_LIST = '  "csrc/layernorm_kernels.c"\n'
+_ACTIVATION = "csrc/activation_kernels.c"
+_ACTIVATION_SRC = """\
+// SiLU-and-mul, row by row (vLLM's csrc/activation_kernels.cu, without the GPU).
+#include <math.h>
+#include <stdint.h>
+
+int silu_and_mul(float *out, const float *input, int64_t num_tokens, int64_t d) {
+  for (int64_t r = 0; r < num_tokens; ++r) {
+    const float *x = input + r * 2 * d;
+    for (int64_t i = 0; i < d; ++i) out[r * d + i] = x[i] / (1.0f + expf(-x[i])) * x[d + i];
+  }
+  return 0;
+}
+"""
+
+_AUTHORS = (
+    ("Ada Park", "ada.park@example.com"),
+    ("Bo Lindqvist", "bo@example.org"),
+    ("Chen Wei", "chen.wei@example.net"),
+    ("Dara Okafor", "dokafor@example.com"),
+    ("Eli Sato", "eli.sato@example.org"),
+    ("Farah Haddad", "farah@example.net"),
+)
+_TOPICS = (
+    "scheduler",
+    "sampler",
+    "logprobs",
+    "OpenAI server",
+    "metrics",
+    "prefix caching",
+    "chunked prefill",
+    "detokenizer",
+    "engine core",
+    "KV cache manager",
+    "health check",
+    "request validation",
+    "token ids",
+    "model loader",
+    "CLI args",
+)
+_VERBS = ("Fix", "Refactor", "Simplify", "Clean up", "Improve", "Add tests for", "Speed up")
+_PY_FILES = (
+    "demollm/envs.py",
+    "demollm/sampling_params.py",
+    "demollm/logger.py",
+    "demollm/entrypoints/openai/protocol.py",
+)
+_DOC_FILES = (
+    "docs/usage.md",
+    "docs/features/batch_invariance.md",
+    "docs/serving/metrics.md",
+    "docs/contributing.md",
+)
+_STACK_FILES = ("CMakeLists.txt", "setup.py", "csrc/batch_invariant.h", KERNEL)
+
+
+@dataclass(frozen=True)
+class DemoHistory:
+    repo: Path
+    planted_commit: str  # full SHA of the fix (the flip commit when bisecting good=v0.27.0)
+    good_tag: str
+    bad_tag: str
+    build_command: str  # run in a worktree's root; writes the swap set
+    swap_set: tuple[str, ...]
+    planted_pr: int = PLANTED_PR
+    broken_commits: tuple[str, ...] = ()  # first-parent commits whose build fails
+    first_parent: tuple[str, ...] = ()  # main's first-parent chain, oldest first
+
+
+def _initial_tree() -> dict[str, str]:
+    tree: dict[str, str] = {}
+    for name in _STACK_FILES:
+        tree[name] = (STACK_DIR / name).read_text()
+    for path in sorted((STACK_DIR / "demollm").glob("*.py")):
+        tree[f"demollm/{path.name}"] = path.read_text()
+    tree[".gitignore"] = "*.so\n*.so.tmp\n__pycache__/\n"
+    tree["README.md"] = (
+        "# demollm\n\nA tiny engine shaped like vLLM: the built-in target of `bisect demo`.\n\n"
+        f"Build the compiled extension with `{BUILD_COMMAND}`.\n"
+    )
+    for name in _PY_FILES:
+        tree[name] = f'"""{name}: settings and helpers of demollm."""\n'
+    tree["demollm/entrypoints/__init__.py"] = ""
+    tree["demollm/entrypoints/openai/__init__.py"] = ""
+    for name in _DOC_FILES:
+        title = Path(name).stem.replace("_", " ").title()
+        tree[name] = f"# {title}\n"
+    return tree
+
+
+class _Builder:
+    """Collects commits as fast-import commands; every commit writes what changed."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.out: list[bytes] = []
+        self.mark = 0
+        self.time = 1_777_593_600  # 2026-05-01T00:00:00Z
+        self.pr = 46_100
+        self.trees: dict[int, dict[str, str]] = {}
+        self.objects = 0
+
+    def next_pr(self) -> int:
+        self.pr += self.rng.randint(3, 14)
+        if self.pr == PLANTED_PR:
+            self.pr += 1
+        return self.pr
+
+    def commit(
+        self,
+        ref: str,
+        subject: str,
+        tree: dict[str, str],
+        parent: int | None,
+        merge: int | None = None,
+    ) -> int:
+        self.mark += 1
+        self.objects += 1
+        self.time += self.rng.randint(1_200, 30_000)
+        name, email = self.rng.choice(_AUTHORS)
+        base = self.trees.get(parent, {}) if parent is not None else {}
+        lines = [f"commit {ref}\nmark :{self.mark}\n".encode()]
+        who = f"{name} <{email}> {self.time} +0000\n"
+        lines.append(f"author {who}committer {who}".encode())
+        message = f"{subject}\n\nSigned-off-by: {name} <{email}>\n".encode()
+        lines.append(b"data %d\n%s\n" % (len(message), message))
+        if parent is not None:
+            lines.append(f"from :{parent}\n".encode())
+        if merge is not None:
+            lines.append(f"merge :{merge}\n".encode())
+        for path in sorted(set(base) - set(tree)):
+            lines.append(f"D {path}\n".encode())
+        for path in sorted(tree):
+            if base.get(path) != tree[path]:
+                data = tree[path].encode()
+                lines.append(
+                    b"M 100644 inline %s\ndata %d\n%s\n" % (path.encode(), len(data), data)
+                )
+        self.out.append(b"".join(lines) + b"\n")
+        self.trees[self.mark] = dict(tree)
+        return self.mark
+
+    def tag(self, name: str, mark: int, message: str) -> None:
+        who = f"Release Bot <release@example.com> {self.time} +0000\n"
+        data = message.encode()
+        self.out.append(
+            f"tag {name}\nfrom :{mark}\ntagger {who}".encode()
+            + b"data %d\n%s\n" % (len(data), data)
+        )
+
+
+def _append(tree: dict[str, str], path: str, text: str) -> None:
+    tree[path] = tree.get(path, "") + text
+
+
+def _bump_rev(tree: dict[str, str]) -> None:
+    source = tree[KERNEL]
+    start = source.index(_REV_PREFIX) + len(_REV_PREFIX)
+    end = source.index("\n", start)
+    tree[KERNEL] = source[:start] + str(int(source[start:end]) + 1) + source[end:]
+
+
+def _kernel_note(tree: dict[str, str], pr: int, rng: random.Random) -> None:
+    note = rng.choice(
+        (
+            "keep the launcher's heuristics in one place",
+            "lanes beyond hidden_size contribute zeros",
+            "document the reduction order",
+            "the staging buffer is a plain copy",
+            "epsilon is added before the square root",
+        )
+    )
+    tree[KERNEL] = tree[KERNEL].replace(
+        _NOTES_ANCHOR, f"{_NOTES_ANCHOR}// Note (#{pr}): {note}.\n", 1
+    )
+
+
+def _python_change(tree: dict[str, str], pr: int, rng: random.Random) -> str:
+    path = rng.choice(_PY_FILES)
+    _append(tree, path, f"\n\ndef _pr_{pr}_enabled() -> bool:\n    return {rng.random() < 0.5}\n")
+    return path
+
+
+def _docs_change(tree: dict[str, str], pr: int, rng: random.Random, topic: str) -> None:
+    _append(tree, rng.choice(_DOC_FILES), f"\n- {topic}: see #{pr}.\n")
+
+
+def generate(path: Path, *, seed: int = 0, commits: int = 300) -> DemoHistory:
+    """Write the demo repository at ``path`` (must not exist or be empty); ``commits`` counts
+    every commit object, branch commits included."""
+    if commits < 60:
+        raise UsageError(f"the demo history needs at least 60 commits, got {commits}")
+    path = Path(path)
+    if path.exists() and any(path.iterdir()):
+        raise UsageError(f"{path} is not empty: give a new directory for the demo repository")
+    rng = random.Random(f"bisect-demo-history:{seed}")
+    b = _Builder(rng)
+    main_len = int(commits * 0.86)  # the rest are branch commits
+    pre_release = 4
+    planted_at = rng.randint(int(main_len * 0.35), int(main_len * 0.65))
+    # The breakages keep clear of the planted commit, so its neighbours all build.
+    lo, hi = pre_release + 3, main_len - 8
+    choices = [i for i in range(lo, hi) if abs(i - planted_at) > 12]
+    syntax_at = rng.choice(choices)
+    syntax_len = rng.randint(2, 4)
+    choices = [
+        i for i in choices if abs(i - syntax_at) > syntax_len + 6 and abs(i - planted_at) > 12
+    ]
+    missing_at = rng.choice(choices)
+
+    # PR numbers rise about 8.5 per commit, centred so that the fix's own number falls in place.
+    b.pr = PLANTED_PR - int(planted_at * 8.5) - 20
+    tree = _initial_tree()
+    head = b.commit("refs/heads/main", "Initial import of demollm", tree, None)
+    first_parent = [head]
+    broken_marks: list[int] = []
+    planted_mark = 0
+    index = 1
+    syntax_open = False
+    while b.objects < commits:
+        pr = b.next_pr()
+        topic = rng.choice(_TOPICS)
+        is_last = b.objects == commits - 1
+        if index == pre_release:
+            _append(tree, "docs/usage.md", "\nRelease 0.26.0.\n")
+            head = b.commit("refs/heads/main", f"[Release] Prepare v0.26.0 (#{pr})", tree, head)
+            b.tag(BAD_TAG, head, "vLLM-shaped demo release 0.26.0\n")
+        elif is_last:
+            tree["demollm/__init__.py"] = tree["demollm/__init__.py"].replace(
+                '__version__ = "0.26.0"', '__version__ = "0.27.0"'
+            )
+            head = b.commit(
+                "refs/heads/main", f"[Release] Bump version to 0.27.0 (#{pr})", tree, head
+            )
+            b.tag(GOOD_TAG, head, "vLLM-shaped demo release 0.27.0\n")
+        elif index == planted_at:
+            assert _BLOCK_LINE in tree[KERNEL]
+            tree[KERNEL] = tree[KERNEL].replace(_BLOCK_LINE, _FIXED_BLOCK)
+            _bump_rev(tree)
+            _append(tree, "docs/features/batch_invariance.md", "\nRMSNorm pins its block size.\n")
+            head = planted_mark = b.commit("refs/heads/main", PLANTED_SUBJECT, tree, head)
+        elif index == syntax_at:
+            tree[KERNEL] = tree[KERNEL].replace(_SYNTAX_OK, _SYNTAX_BROKEN, 1)
+            _bump_rev(tree)
+            syntax_open = True
+            head = b.commit(
+                "refs/heads/main",
+                f"[Kernel] Restructure the RMSNorm block reduction (#{pr})",
+                tree,
+                head,
+            )
+        elif index == syntax_at + syntax_len:
+            tree[KERNEL] = tree[KERNEL].replace(_SYNTAX_BROKEN, _SYNTAX_OK, 1)
+            syntax_open = False
+            head = b.commit(
+                "refs/heads/main",
+                f"[Bugfix][CI/Build] Fix the build of layernorm kernels (#{pr})",
+                tree,
+                head,
+            )
+        elif index == missing_at:
+            tree["CMakeLists.txt"] = tree["CMakeLists.txt"].replace(
+                _SRC_LIST, _SRC_LIST + f'  "{_ACTIVATION}"\n'
+            )
+            head = b.commit(
+                "refs/heads/main",
+                f"[CI/Build] List activation kernels in the build (#{pr})",
+                tree,
+                head,
+            )
+        elif index == missing_at + 1:
+            tree[_ACTIVATION] = _ACTIVATION_SRC
+            head = b.commit(
+                "refs/heads/main", f"[Kernel] Add SiLU-and-mul kernel (#{pr})", tree, head
+            )
+        else:
+            head = _ordinary(b, tree, head, pr, topic, index < pre_release, commits)
+        if index == missing_at or syntax_open:
+            broken_marks.append(head)
+        first_parent.append(head)
+        index += 1
+    assert planted_mark, "the planted commit must be in the history"
+
+    return _write(path, b, planted_mark, broken_marks, first_parent)
+
+
+def _ordinary(
+    b: _Builder, tree: dict[str, str], head: int, pr: int, topic: str, early: bool, limit: int
+) -> int:
+    rng = b.rng
+    roll = rng.random()
+    room = limit - b.objects - 2  # keep the last commit for the release
+    if not early and roll < 0.10 and room >= 3:
+        # A merged branch: 1-3 commits on a feature branch, then a merge commit on main.
+        branch_tree = dict(tree)
+        tip = head
+        feature = f"demollm/contrib/feature_{pr}.py"
+        for step in range(rng.randint(1, min(3, room - 1))):
+            _append(branch_tree, feature, f"# step {step} of #{pr}\nSTEP_{step} = {step}\n")
+            if step == 0 and rng.random() < 0.3:
+                _kernel_note(branch_tree, pr, rng)
+            tip = b.commit("refs/heads/_branch", f"wip: {topic} ({step + 1})", branch_tree, tip)
+        tree.clear()
+        tree.update(branch_tree)
+        user = rng.choice(_AUTHORS)[0].split()[0].lower()
+        return b.commit(
+            "refs/heads/main",
+            f"Merge pull request #{pr} from {user}/{topic.replace(' ', '-').lower()}",
+            tree,
+            head,
+            merge=tip,
+        )
+    if roll < 0.40 or early:
+        _python_change(tree, pr, rng)
+        tag = rng.choice(("[Core]", "[Frontend]", "[Misc]", "[Bugfix]", "[V1]"))
+        return b.commit(
+            "refs/heads/main", f"{tag} {rng.choice(_VERBS)} {topic} (#{pr})", tree, head
+        )
+    if roll < 0.58:
+        _docs_change(tree, pr, rng, topic)
+        return b.commit("refs/heads/main", f"[Doc] Document {topic} (#{pr})", tree, head)
+    if roll < 0.72:
+        _kernel_note(tree, pr, rng)
+        return b.commit(
+            "refs/heads/main", f"[Kernel] Comment RMSNorm {topic} path (#{pr})", tree, head
+        )
+    if roll < 0.92:
+        _bump_rev(tree)
+        if rng.random() < 0.5:
+            _python_change(tree, pr, rng)
+        verb = rng.choice(("Refactor", "Tidy", "Reorganise", "Simplify"))
+        return b.commit(
+            "refs/heads/main", f"[Kernel] {verb} layernorm launcher (#{pr})", tree, head
+        )
+    _append(tree, "CMakeLists.txt", f"# Build note (#{pr}): {topic}.\n")
+    return b.commit("refs/heads/main", f"[CI/Build] Update build for {topic} (#{pr})", tree, head)
+
+
+def _git(repo: Path, *args: str, data: bytes | None = None) -> str:
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(repo), *args], input=data, capture_output=True, check=False
+        )
+    except FileNotFoundError:
+        raise InfrastructureError(
+            "git is not installed: install it (apt-get install git)"
+        ) from None
+    if result.returncode != 0:
+        raise InfrastructureError(f"git {args[0]} failed: {result.stderr.decode().strip()}")
+    return result.stdout.decode()
+
+
+def _write(
+    path: Path, b: _Builder, planted: int, broken: list[int], first_parent: list[int]
+) -> DemoHistory:
+    path.mkdir(parents=True, exist_ok=True)
+    _git(path, "init", "-q", "-b", "main")
+    marks = path / ".git" / "demo-marks"
+    _git(path, "fast-import", "--quiet", f"--export-marks={marks}", data=b"".join(b.out))
+    sha = dict(line.split()[0:2] for line in marks.read_text().splitlines())
+    marks.unlink()
+    _git(path, "update-ref", "-d", "refs/heads/_branch")
+    _git(path, "checkout", "-q", "-f", "main")
+
+    def full(mark: int) -> str:
+        return sha[f":{mark}"]
+
+    return DemoHistory(
+        repo=path,
+        planted_commit=full(planted),
+        good_tag=GOOD_TAG,
+        bad_tag=BAD_TAG,
+        build_command=BUILD_COMMAND,
+        swap_set=(SWAP_PATH,),
+        broken_commits=tuple(full(m) for m in broken),
+        first_parent=tuple(full(m) for m in first_parent),
+    )

@@ -1,0 +1,275 @@
+"""The OpenAI-compatible HTTP server: ``python -m demollm.server --host 127.0.0.1 --port N``.
+
+Speaks the subset of vLLM's API the bisect probe uses: ``POST /v1/completions`` (token-id
+prompts, greedy, top-k logprobs, ``return_tokens_as_token_ids``, ``return_token_ids``),
+``GET /health`` (503 once the engine is dead), ``GET /metrics`` (Prometheus text with vLLM's
+gauge names) and ``GET /v1/models``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from demollm import __version__
+from demollm._custom_ops import Kernels, KernelsUnavailable
+from demollm.engine import (
+    STEP_BUCKETS,
+    EngineLoop,
+    LLMEngine,
+    Request,
+    RequestError,
+    SchedulerConfig,
+)
+from demollm.model import DemoModel, ModelConfig
+
+logger = logging.getLogger("demollm")
+
+
+class ApiServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+    def __init__(self, address: tuple[str, int], loop: EngineLoop, model_name: str) -> None:
+        super().__init__(address, Handler)
+        self.loop = loop
+        self.model_name = model_name
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: ApiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib's name)
+        logger.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str, kind: str) -> None:
+        body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+        self._send(status, json.dumps(body).encode())
+
+    def do_GET(self) -> None:  # noqa: N802 (stdlib's name)
+        loop = self.server.loop
+        if self.path == "/health":
+            self._send(200 if loop.alive else 503, b"")
+        elif self.path == "/metrics":
+            self._send(200, _metrics(self.server).encode(), "text/plain; version=0.0.4")
+        elif self.path == "/v1/models":
+            card = {"id": self.server.model_name, "object": "model", "owned_by": "demollm"}
+            self._send(200, json.dumps({"object": "list", "data": [card]}).encode())
+        else:
+            self._error(404, f"no route {self.path}", "NotFoundError")
+
+    def do_POST(self) -> None:  # noqa: N802 (stdlib's name)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if self.path != "/v1/completions":
+            self._error(404, f"no route {self.path}", "NotFoundError")
+            return
+        loop = self.server.loop
+        if not loop.alive:
+            self._error(503, "engine is dead", "EngineDeadError")
+            return
+        try:
+            body = json.loads(raw)
+            request = _parse(body, loop.engine, self.server.model_name)
+        except (ValueError, TypeError, KeyError) as exc:
+            self._error(400, str(exc), "BadRequestError")
+            return
+        created = int(time.time())
+        try:
+            done = loop.submit(request).result()
+        except RuntimeError as exc:
+            self._error(500, str(exc), "InternalServerError")
+            return
+        self._send(200, json.dumps(_response(done, body, created, self.server.model_name)).encode())
+
+
+def _parse(body: Any, engine: LLMEngine, model_name: str) -> Request:
+    if not isinstance(body, dict):
+        raise RequestError("body must be a JSON object")
+    model = body.get("model", model_name)
+    if model not in (model_name, "", None):
+        raise RequestError(f"The model `{model}` does not exist (this server has {model_name})")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if not isinstance(prompt, list):
+        raise RequestError(
+            "prompt must be a list of token ids (no tokenizer: --skip-tokenizer-init)"
+        )
+    if body.get("n", 1) != 1:
+        raise RequestError("only n=1 is supported")
+    temperature = body.get("temperature", 1.0)
+    if temperature not in (0, 0.0):
+        raise RequestError("only greedy decoding (temperature 0) is supported")
+    logprobs = body.get("logprobs") or 0
+    max_tokens = body.get("max_tokens", 16)
+    if not isinstance(max_tokens, int) or not isinstance(logprobs, int):
+        raise RequestError("max_tokens and logprobs must be integers")
+    return engine.make_request(prompt, max_tokens, logprobs)
+
+
+def _response(request: Request, body: dict[str, Any], created: int, model: str) -> dict[str, Any]:
+    as_ids = bool(body.get("return_tokens_as_token_ids"))
+
+    def name(token: int) -> str:
+        return f"token_id:{token}" if as_ids else f"<{token}>"
+
+    tokens = [name(o.token_id) for o in request.outputs]
+    offsets, position = [], 0
+    for token in tokens:
+        offsets.append(position)
+        position += len(token)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": "".join(tokens),
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
+    }
+    if body.get("logprobs") is not None:
+        top = []
+        for o in request.outputs:
+            entry = {name(t): lp for t, lp in o.top}
+            entry.setdefault(name(o.token_id), o.logprob)  # vLLM adds the sampled token
+            top.append(entry)
+        choice["logprobs"] = {
+            "text_offset": offsets,
+            "token_logprobs": [o.logprob for o in request.outputs],
+            "tokens": tokens,
+            "top_logprobs": top,
+        }
+    if body.get("return_token_ids"):
+        choice["prompt_token_ids"] = list(request.prompt)
+        choice["token_ids"] = [o.token_id for o in request.outputs]
+    n_prompt, n_out = len(request.prompt), len(request.outputs)
+    return {
+        "id": request.request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": n_prompt,
+            "total_tokens": n_prompt + n_out,
+            "completion_tokens": n_out,
+        },
+    }
+
+
+def _metrics(server: ApiServer) -> str:
+    running, waiting = server.loop.counts()
+    engine = server.loop.engine
+    labels = f'engine="0",model_name="{server.model_name}"'
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {float(running)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{labels}}} 0.0",
+        "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of tokens.",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f"vllm:prefix_cache_hits_total{{{labels}}} 0.0",
+        "# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.",
+        "# TYPE vllm:iteration_tokens_total histogram",
+    ]
+    sizes = list(engine.step_sizes)
+    cumulative = 0
+    for bound, count in zip(STEP_BUCKETS, engine.bucket_counts, strict=False):
+        cumulative += count
+        lines.append(
+            f'vllm:iteration_tokens_total_bucket{{{labels},le="{float(bound)}"}} {cumulative}'
+        )
+    lines.append(f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {len(sizes)}')
+    lines.append(f"vllm:iteration_tokens_total_count{{{labels}}} {len(sizes)}")
+    lines.append(f"vllm:iteration_tokens_total_sum{{{labels}}} {float(sum(sizes))}")
+    return "\n".join(lines) + "\n"
+
+
+def build_engine(max_num_seqs: int, max_num_batched_tokens: int, seed: int = 0) -> LLMEngine:
+    kernels = Kernels()
+    model = DemoModel(ModelConfig(seed=seed), kernels)
+    return LLMEngine(model, SchedulerConfig(max_num_seqs, max_num_batched_tokens))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m demollm.server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="demo", help="served model name")
+    parser.add_argument("--max-num-seqs", type=int, default=128)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model's weights")
+    # Accepted for command-line compatibility with vLLM recipes; the demo has nothing to switch.
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--no-enable-prefix-caching", action="store_true")
+    parser.add_argument("--skip-tokenizer-init", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
+    try:
+        engine = build_engine(args.max_num_seqs, args.max_num_batched_tokens, args.seed)
+    except KernelsUnavailable as exc:
+        logger.error("cannot load the compiled ops: %s", exc)
+        return 1
+    kernels = engine.model.kernels
+    logger.info(
+        "Initializing a V1 LLM engine (v%s) with config: model=%r, max_num_seqs=%d, "
+        "max_num_batched_tokens=%d, vocab_size=%d, hidden_size=%d, kernels=%s, "
+        "kernels_sha256=%s, rms_norm_block_size(<256 tokens)=%s, (>=256 tokens)=%s",
+        __version__,
+        args.model,
+        args.max_num_seqs,
+        args.max_num_batched_tokens,
+        engine.model.config.vocab_size,
+        engine.model.config.hidden_size,
+        kernels.path,
+        kernels.sha256,
+        kernels.block_size(1, engine.model.config.hidden_size),
+        kernels.block_size(256, engine.model.config.hidden_size),
+    )
+    loop = EngineLoop(engine)
+    loop.start()
+    server = ApiServer((args.host, args.port), loop, args.model)
+    host, port = server.server_address[:2]
+    stopping = threading.Event()
+
+    def shut_down(signum: int, frame: Any) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
+    logger.info("Starting vLLM API server 0 on http://%s:%d", host, port)
+    try:
+        server.serve_forever(poll_interval=0.1)
+    finally:
+        server.server_close()
+        loop.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Controls: is the probe able to see divergence, and does it invent none?
+
+From the seed thread (vLLM issue 51187) and the H200 measurements in vllm-facts.md:
+
+- positive control: the same concurrent workload with the recipe's invariance switch off
+  (``{invariance_env: "0"}``) must diverge. With ``--load-format dummy`` weights it did not, and
+  the 13 CLEAN lifetimes measured with them meant nothing: a CLEAN is only evidence when the
+  probe has been shown to detect divergence on this stack.
+- negative control: the same workload with one request in flight at a time must be clean;
+  otherwise divergence comes from the client or the sampler, not from batching.
+
+``run_controls`` runs both (positive first); ``gate`` is the pure rule deciding what verdict may
+be reported for a lifetime given the controls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+
+from bisect_tool.errors import UntestableError
+from bisect_tool.interfaces import ProbeResult, ServerHandle, ServerProbe
+from bisect_tool.values import Verdict
+
+# probe_factory(sequential) -> a probe; boot(env) -> a context manager around one lifetime.
+ProbeFactory = Callable[[bool], ServerProbe]
+Boot = Callable[[Mapping[str, str]], AbstractContextManager[ServerHandle]]
+
+
+@dataclass(frozen=True)
+class ControlsResult:
+    positive: ProbeResult  # invariance off, concurrent: must be DIVERGENT
+    negative: ProbeResult  # sequential submission: must be CLEAN
+
+    @property
+    def positive_ok(self) -> bool:
+        return self.positive.verdict is Verdict.DIVERGENT
+
+    @property
+    def negative_ok(self) -> bool:
+        return self.negative.verdict is Verdict.CLEAN
+
+    @property
+    def ok(self) -> bool:
+        return self.positive_ok and self.negative_ok
+
+    @property
+    def problem(self) -> str:
+        """"" when both controls held; else what failed and what to change."""
+        problems = []
+        if not self.positive_ok:
+            problems.append(
+                f"positive control (invariance off) was {self.positive.verdict.value}, not "
+                f"divergent ({self.positive.message or 'no message'}): the probe cannot show "
+                "divergence on this stack, so a CLEAN would mean nothing; use weights at a "
+                "realistic scale (not --load-format dummy), add jitter, disable prefix caching"
+            )
+        if not self.negative_ok:
+            problems.append(
+                f"negative control (sequential) was {self.negative.verdict.value}, not clean "
+                f"({self.negative.message or 'no message'}): outputs differ without batching, "
+                "so divergence would not point at the kernels; check sampling is greedy"
+            )
+        return "; ".join(problems)
+
+    def to_detail(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "problem": self.problem,
+            "positive": {"verdict": self.positive.verdict.value, "message": self.positive.message,
+                         "detail": self.positive.detail},
+            "negative": {"verdict": self.negative.verdict.value, "message": self.negative.message,
+                         "detail": self.negative.detail},
+        }
+
+
+def run_controls(
+    probe_factory: ProbeFactory,
+    boot: Boot,
+    invariance_env: str = "VLLM_BATCH_INVARIANT",
+    share_lifetime: bool = True,
+) -> ControlsResult:
+    """Run the positive control, then the negative one.
+
+    With ``share_lifetime`` (the default) both run in one lifetime booted with the invariance
+    switch off, which saves a boot (~50 s for vLLM) and is the stronger negative control: even
+    the non-invariant server must answer identically when requests come one at a time.
+    Otherwise the negative control gets its own lifetime booted with the recipe's env (``{}``).
+    A boot that fails is an UNTESTABLE control, never an exception.
+    """
+    off = {invariance_env: "0"}
+    if share_lifetime:
+        try:
+            with boot(off) as server:
+                positive = probe_factory(False).run(server)
+                negative = probe_factory(True).run(server)
+        except UntestableError as exc:
+            failed = ProbeResult(Verdict.UNTESTABLE, {}, f"boot failed: {exc}")
+            return ControlsResult(positive=failed, negative=failed)
+        return ControlsResult(positive=positive, negative=negative)
+    positive = _in_lifetime(boot, off, probe_factory(False))
+    negative = _in_lifetime(boot, {}, probe_factory(True))
+    return ControlsResult(positive=positive, negative=negative)
+
+
+def _in_lifetime(boot: Boot, env: Mapping[str, str], probe: ServerProbe) -> ProbeResult:
+    try:
+        with boot(env) as server:
+            return probe.run(server)
+    except UntestableError as exc:
+        return ProbeResult(Verdict.UNTESTABLE, {}, f"boot failed: {exc}")
+
+
+def may_report_clean(controls: ControlsResult | None, require_controls: bool = True) -> bool:
+    """A CLEAN may stand only when the positive control diverged (and the negative held)."""
+    if controls is None:
+        return not require_controls
+    return controls.ok
+
+
+def may_report_divergent(controls: ControlsResult | None) -> bool:
+    """A DIVERGENT stands unless the negative control showed the client itself diverges."""
+    return controls is None or controls.negative_ok
+
+
+def gate(
+    result: ProbeResult, controls: ControlsResult | None, require_controls: bool = True
+) -> ProbeResult:
+    """The verdict that may be reported for a lifetime, given the controls (pure).
+
+    CLEAN without a passing positive control, or DIVERGENT with a failing negative control,
+    becomes INCONCLUSIVE with the reason; other verdicts pass through unchanged.
+    """
+    if result.verdict is Verdict.CLEAN and not may_report_clean(controls, require_controls):
+        why = controls.problem if controls is not None else "the controls were not run"
+        return _downgrade(result, f"CLEAN not reported: {why}")
+    if result.verdict is Verdict.DIVERGENT and not may_report_divergent(controls):
+        assert controls is not None
+        return _downgrade(result, f"DIVERGENT not reported: {controls.problem}")
+    return result
+
+
+def _downgrade(result: ProbeResult, why: str) -> ProbeResult:
+    detail = {**result.detail, "gated_from": result.verdict.value, "gate_reason": why}
+    return replace(result, verdict=Verdict.INCONCLUSIVE, detail=detail,
+                   message=f"{why} (probe said: {result.message})")

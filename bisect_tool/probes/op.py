@@ -1,0 +1,130 @@
+"""The focused op probe: load a candidate's extension into PyTorch and check one kernel's rows.
+
+The extension is loaded in a child interpreter (``op_child.py``, default ``sys.executable``,
+normally the pinned stack's Python) so the environment, e.g. ``VLLM_BATCH_INVARIANT=1``, is set
+before the library loads, and a crashing kernel takes down only the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bisect_tool.interfaces import ProbeResult
+from bisect_tool.recipe import ProbeSettings
+from bisect_tool.values import Verdict
+
+CHILD_SCRIPT = Path(__file__).with_name("op_child.py")
+
+
+def summarize_cases(cases: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per (op, dtype, hidden): differing cases / total and the max |diff| (pure)."""
+    groups: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for c in cases:
+        key = (str(c["op"]), str(c["dtype"]), int(c["hidden"]))
+        g = groups.setdefault(key, {"op": key[0], "dtype": key[1], "hidden": key[2],
+                                    "differing": 0, "total": 0, "max_abs_diff": 0.0,
+                                    "nonfinite": False})
+        g["total"] += 1
+        if not c["equal"]:
+            g["differing"] += 1
+            if c.get("max_abs_diff") is None:
+                g["nonfinite"] = True
+            else:
+                g["max_abs_diff"] = max(g["max_abs_diff"], float(c["max_abs_diff"]))
+    rows = list(groups.values())
+    return {
+        "groups": rows,
+        "differing": sum(g["differing"] for g in rows),
+        "total": sum(g["total"] for g in rows),
+    }
+
+
+def op_verdict(summary: Mapping[str, Any]) -> tuple[Verdict, str]:
+    if summary["total"] == 0:
+        return Verdict.UNTESTABLE, "no op case ran"
+    if summary["differing"]:
+        parts = [f"{g['op']} {g['dtype']} h{g['hidden']}: {g['differing']}/{g['total']}"
+                 for g in summary["groups"] if g["differing"]]
+        return Verdict.DIVERGENT, "rows differ between launch sizes: " + ", ".join(parts)
+    return Verdict.CLEAN, f"all {summary['total']} cases bitwise identical across launch sizes"
+
+
+class OpProbe:
+    """Runs ``op_child.py`` with ``python`` against one extension file."""
+
+    def __init__(
+        self,
+        settings: ProbeSettings,
+        python: str | None = None,
+        timeout_s: float = 600.0,
+        device: str = "auto",
+    ) -> None:
+        small, big = settings.row_counts
+        if not 0 < small < big:
+            from bisect_tool.errors import RecipeError
+
+            raise RecipeError(
+                f"probe.row_counts must be [small, big] with 0 < small < big, got {[small, big]}"
+            )
+        self.settings = settings
+        self.python = python or sys.executable
+        self.timeout_s = timeout_s
+        self.device = device
+
+    def command(self, path: Path) -> list[str]:
+        s = self.settings
+        return [
+            self.python, str(CHILD_SCRIPT), "--json",
+            "--library", str(path),
+            "--namespace", s.op_namespace,
+            "--ops", *s.ops,
+            "--dtypes", *s.dtypes,
+            "--hidden", *(str(h) for h in s.hidden_sizes),
+            "--seeds", str(s.seeds),
+            "--rows", *(str(r) for r in s.row_counts),
+            "--device", self.device,
+            "--report-env", s.invariance_env,
+        ]
+
+    def run_extension(self, path: Path, env: Mapping[str, str] | None = None) -> ProbeResult:
+        path = Path(path)
+        detail: dict[str, Any] = {"library": str(path), "python": self.python,
+                                  "env": dict(env or {})}
+        if not path.is_file():
+            return ProbeResult(Verdict.UNTESTABLE, detail, f"extension file not found: {path}")
+        child_env = {**os.environ, **(env or {})}
+        try:
+            proc = subprocess.run(
+                self.command(path), env=child_env, capture_output=True, text=True,
+                timeout=self.timeout_s, check=False,
+            )
+        except FileNotFoundError:
+            return ProbeResult(Verdict.UNTESTABLE, detail,
+                               f"python interpreter not found: {self.python}; fix --python")
+        except subprocess.TimeoutExpired:
+            return ProbeResult(Verdict.UNTESTABLE, detail,
+                               f"op check timed out after {self.timeout_s:.0f} s")
+        try:
+            report = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            return ProbeResult(
+                Verdict.UNTESTABLE, {**detail, "returncode": proc.returncode},
+                f"op check exited {proc.returncode} without a result: {tail}",
+            )
+        detail.update({k: report.get(k) for k in ("torch", "device", "env") if k in report})
+        if report.get("error"):
+            detail["error"] = report["error"]
+            return ProbeResult(Verdict.UNTESTABLE, detail,
+                               f"{report['error']}; fix: {report.get('fix', '')}")
+        summary = summarize_cases(report["cases"])
+        detail.update(summary)
+        detail["row_counts"] = list(self.settings.row_counts)
+        verdict, message = op_verdict(summary)
+        return ProbeResult(verdict, detail, message)

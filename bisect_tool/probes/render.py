@@ -1,0 +1,74 @@
+"""Markdown tables of what a probe saw (pure; the report reuses them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return "0" if value == 0 else f"{value:.3e}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _pairs(pairs: Sequence[Sequence[int]] | None) -> str:
+    return " ".join(f"({p[0]},{p[1]})" for p in pairs or []) or "none"
+
+
+def render_server_detail(detail: Mapping[str, Any]) -> str:
+    """One lifetime of the server determinism probe as a two-column table."""
+    d = detail
+    per_repeat = d.get("coresidency_per_repeat")
+    moved = None
+    if d.get("differing_pairs"):
+        moved = "tokens" if d.get("tokens_moved") else "logprobs only"
+    rows: list[tuple[str, Any]] = [
+        ("lifetime", d.get("lifetime_id") or d.get("url")),
+        ("mode", d.get("mode")),
+        ("workload", f"{d.get('requests')} requests + {d.get('fillers')} fillers, "
+                     f"max_tokens {d.get('max_tokens')}, jitter {d.get('jitter_ms')} ms"),
+        ("distinct outputs / repeats",
+         f"{d.get('distinct_outputs', '-')} / {d.get('repeats', '-')}"),
+        ("repeat pairs that differ", _pairs(d.get("differing_pairs"))
+         if "differing_pairs" in d else None),
+        ("diverging (request, pair) observations", d.get("diverging_observations")),
+        ("max abs delta logprob", d.get("max_abs_logprob_delta")),
+        ("first divergent position", d.get("first_divergent_position")),
+        ("what moved", moved or ("nothing" if "differing_pairs" in d else None)),
+        ("co-residency reached (per repeat)",
+         f"{d.get('max_coresidency')} ({', '.join(_cell(p) for p in per_repeat)})"
+         if per_repeat is not None else None),
+        ("target co-residency", d.get("target_coresidency") or "none (sequential)"),
+        ("repeats redone", d.get("redone_repeats")),
+    ]
+    if d.get("gate_reason"):
+        rows.append(("gated", d["gate_reason"]))
+    return _table(["", "value"], rows)
+
+
+def render_op_detail(detail: Mapping[str, Any]) -> str:
+    """The op probe: one row per (op, dtype, hidden), differing cases / total and max |diff|."""
+    rows = [
+        (g["op"], g["dtype"], g["hidden"], f"{g['differing']}/{g['total']}",
+         None if g.get("nonfinite") else g["max_abs_diff"])
+        for g in detail.get("groups", [])
+    ]
+    small_big = detail.get("row_counts") or ["small", "big"]
+    head = (f"Rows 0..{int(small_big[0]) - 1 if isinstance(small_big[0], int) else 'n'} of a "
+            f"{small_big[0]}-row launch vs a {small_big[1]}-row launch, bitwise "
+            f"(library `{detail.get('library', '?')}`, torch {detail.get('torch', '?')}, "
+            f"{detail.get('device', '?')}, env {detail.get('env', {})})")
+    if not rows:
+        return head + "\n\nno cases ran" + (f": {detail['error']}" if detail.get("error") else "")
+    return head + "\n\n" + _table(["op", "dtype", "hidden", "differing", "max abs diff"], rows)

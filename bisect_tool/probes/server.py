@@ -1,0 +1,432 @@
+"""The server determinism probe: does one lifetime answer a byte-identical workload identically?
+
+What a careful human did by hand in vLLM issue 51187, unattended: M requests sharing a prefix
+plus F unrelated fillers, all in flight at once, a discarded priming pass, then R repeats in the
+same order, every pair of repeats compared bitwise (see ``compare``), while ``/metrics`` is
+polled to show the batch the bug needs (~44 co-resident sequences there) actually formed.
+
+Verdicts: a differing pair -> DIVERGENT; none, and every repeat reached the target co-residency
+-> CLEAN; none but the target was missed -> INCONCLUSIVE (a lifetime that never formed the batch
+says nothing about the bug); the server died or rejected the probe -> UNTESTABLE (never
+DIVERGENT). A request that fails mid-repeat (dropped connection, 5xx, timeout) on a live server
+invalidates that repeat only: it is run again, up to ``max_attempts`` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+from bisect_tool.errors import RecipeError
+from bisect_tool.interfaces import ProbeResult, ServerHandle
+from bisect_tool.probes.compare import (
+    Comparison,
+    ResponseFormatError,
+    Sample,
+    compare_repeats,
+    parse_completion,
+)
+from bisect_tool.probes.metrics import gauge_sum
+from bisect_tool.probes.workload import Workload, build_workload, request_body
+from bisect_tool.recipe import ProbeSettings
+from bisect_tool.values import Verdict
+
+
+class _RepeatFailed(Exception):
+    """A request failed in a way that may be transient: the repeat is invalid, not the lifetime."""
+
+
+class _Untestable(Exception):
+    """The lifetime cannot answer the probe at all (dead server, rejected or malformed request)."""
+
+
+def target_coresidency(settings: ProbeSettings, sequential: bool = False) -> int:
+    """The co-residency every repeat must reach before a clean lifetime may be called CLEAN.
+
+    Exactly ``target_coresidency``, or all M+F requests when it is 0. No fraction is applied on
+    purpose: in the seed, 36 co-resident sequences were clean and 44 diverged, so "90% of the
+    batch" could silently accept batches below the trigger; a recipe that wants less says so
+    with an explicit number. Sequential mode (the negative control) has no target: one request
+    at a time is the point.
+    """
+    if sequential:
+        return 0
+    total = settings.requests + settings.fillers
+    return settings.target_coresidency or total
+
+
+def validate_settings(settings: ProbeSettings) -> None:
+    total = settings.requests + settings.fillers
+    if settings.requests < 0 or settings.fillers < 0 or total < 1:
+        raise RecipeError("probe.requests + probe.fillers must be at least 1")
+    if settings.repeats < 2:
+        raise RecipeError(
+            f"probe.repeats is {settings.repeats}; at least 2 are needed to compare repeats"
+        )
+    if settings.max_tokens < 1:
+        raise RecipeError("probe.max_tokens must be at least 1")
+    if settings.target_coresidency > total:
+        raise RecipeError(
+            f"probe.target_coresidency ({settings.target_coresidency}) exceeds requests + fillers "
+            f"({total}): it could never be reached; lower it or add fillers"
+        )
+    if settings.jitter_ms < 0:
+        raise RecipeError("probe.jitter_ms must be >= 0")
+
+
+def decide(
+    comparison: Comparison, peaks: Sequence[int | None], target: int
+) -> tuple[Verdict, str]:
+    """The lifetime's verdict from the all-pairs comparison and each repeat's peak co-residency."""
+    if comparison.divergent:
+        pairs = " ".join(f"({i},{j})" for i, j in comparison.differing_pairs)
+        what = "tokens moved" if comparison.tokens_moved else "only logprobs moved"
+        return Verdict.DIVERGENT, (
+            f"{comparison.distinct_outputs} distinct outputs in {comparison.repeats} repeats; "
+            f"pairs {pairs} differ in {comparison.diverging_observations} (request, pair) "
+            f"observations, max |delta logprob| {comparison.max_abs_logprob_delta:.3e}, {what}"
+        )
+    known = [p for p in peaks if p is not None]
+    top = max(known, default=None)
+    if target <= 0:
+        return Verdict.CLEAN, f"{comparison.repeats} repeats bitwise identical (sequential)"
+    if len(known) < len(peaks):
+        return Verdict.INCONCLUSIVE, (
+            "repeats identical, but /metrics gave no vllm:num_requests_running during some "
+            "repeats, so the co-residency reached is unknown; check the server exposes /metrics"
+        )
+    missed = {i: p for i, p in enumerate(peaks) if p is None or p < target}
+    if missed:
+        where = ", ".join(f"repeat {i}: {p}" for i, p in missed.items())
+        return Verdict.INCONCLUSIVE, (
+            f"repeats identical, but co-residency stayed below the target {target} ({where}): "
+            "the batch never formed (raise --max-num-seqs, lower jitter or the target)"
+        )
+    return Verdict.CLEAN, (
+        f"{comparison.repeats} repeats bitwise identical at co-residency {top} (target {target})"
+    )
+
+
+class _Monitor:
+    """Polls GET /metrics every ``interval`` seconds; keeps the peak of the active repeat.
+
+    A thread with its own blocking client, not a task on the probe's event loop: while the loop
+    is busy submitting and parsing a 44-request burst, a task would sample late and could miss
+    a short-lived batch entirely.
+    """
+
+    def __init__(self, url: str, interval: float) -> None:
+        self.url, self.interval = url, interval
+        self.active = False
+        self.peak: float | None = None
+        self.samples = 0
+        self.errors = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bisect-metrics", daemon=True)
+
+    def __enter__(self) -> _Monitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def begin(self) -> None:
+        with self._lock:
+            self.active, self.peak = True, None
+
+    def end(self) -> int | None:
+        with self._lock:
+            self.active = False
+            return None if self.peak is None else int(round(self.peak))
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    resp = client.get(self.url + "/metrics")
+                    value = gauge_sum(resp.text) if resp.status_code == 200 else None
+                except httpx.HTTPError:
+                    value = None
+                with self._lock:
+                    if value is None:
+                        self.errors += 1
+                    elif self.active:
+                        self.samples += 1
+                        self.peak = value if self.peak is None else max(self.peak, value)
+                self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+
+class ServerDeterminismProbe:
+    """Runs the workload against one lifetime and returns its verdict (``ServerProbe``).
+
+    ``http_client`` is used for the completions when given (its connection limit must allow
+    M+F connections, or the batch cannot form); by default a client sized to the workload is
+    made per run. ``sequential`` submits one request at a time: the negative control.
+    """
+
+    def __init__(
+        self,
+        settings: ProbeSettings,
+        http_client: httpx.AsyncClient | None = None,
+        model: str | None = None,
+        rng_seed: int = 0,
+        sequential: bool = False,
+        max_attempts: int = 3,
+        poll_interval_s: float = 0.02,
+    ) -> None:
+        validate_settings(settings)
+        self.settings = settings
+        self.http_client = http_client
+        self.model = model
+        self.rng_seed = rng_seed
+        self.sequential = sequential
+        self.max_attempts = max_attempts
+        self.poll_interval_s = poll_interval_s
+        s = settings
+        self.workload: Workload = build_workload(
+            s.requests, s.fillers, s.prefix_tokens, s.prompt_tokens, s.filler_tokens,
+            s.vocab_size, s.seed,
+        )
+
+    @property
+    def target(self) -> int:
+        return target_coresidency(self.settings, self.sequential)
+
+    def run(self, server: ServerHandle, is_alive: Callable[[], bool] | None = None) -> ProbeResult:
+        return asyncio.run(self.run_async(server, is_alive))
+
+    async def run_async(
+        self, server: ServerHandle, is_alive: Callable[[], bool] | None = None
+    ) -> ProbeResult:
+        started = time.monotonic()
+        url = server.url.rstrip("/")
+        s = self.settings
+        detail: dict[str, Any] = {
+            "url": url,
+            "lifetime_id": server.lifetime_id,
+            "mode": "sequential" if self.sequential else "concurrent",
+            "requests": s.requests,
+            "fillers": s.fillers,
+            "prompt_tokens_total": self.workload.prompt_tokens,
+            "max_tokens": s.max_tokens,
+            "logprobs": s.logprobs,
+            "jitter_ms": 0.0 if self.sequential else s.jitter_ms,
+            "target_coresidency": self.target,
+            "redone_repeats": 0,
+            "redo_reasons": [],
+        }
+        n = self.workload.size
+        timeout = httpx.Timeout(s.request_timeout_s, connect=10.0)
+        owned: list[httpx.AsyncClient] = []
+        if self.http_client is not None:
+            control, slots = self.http_client, [self.http_client] * n
+        else:
+            # One client (one keep-alive connection) per request slot: a single client's
+            # httpcore pool rescans every connection on each request event, O(n^2) CPU per
+            # pass (~10 ms per request at 44 in flight on 2 cores, bench/probe_bench.py), which
+            # spread the submissions so far apart that the batch never formed.
+            # trust_env=False: the probe talks only to the server under test; a proxy from the
+            # environment must never sit between it and a loopback server.
+            tls = ssl.create_default_context()  # shared: one per client costs ~10 ms each
+
+            def make(k: int) -> httpx.AsyncClient:
+                return httpx.AsyncClient(
+                    timeout=timeout, trust_env=False, verify=tls,
+                    limits=httpx.Limits(max_connections=k, max_keepalive_connections=k),
+                )
+
+            control, slots = make(4), [make(1) for _ in range(n)]
+            owned = [control, *slots]
+        try:
+            verdict, message = await self._run(control, slots, url, is_alive, detail)
+        except _Untestable as exc:
+            verdict, message = Verdict.UNTESTABLE, str(exc)
+        finally:
+            for c in owned:
+                await c.aclose()
+        detail["duration_s"] = round(time.monotonic() - started, 3)
+        return ProbeResult(verdict=verdict, detail=detail, message=message)
+
+    async def _run(
+        self,
+        client: httpx.AsyncClient,
+        slots: Sequence[httpx.AsyncClient],
+        url: str,
+        is_alive: Callable[[], bool] | None,
+        detail: dict[str, Any],
+    ) -> tuple[Verdict, str]:
+        s = self.settings
+        model = self.model or await self._resolve_model(client, url, is_alive)
+        detail["model"] = model
+        bodies = [request_body(p, model, s.max_tokens, s.logprobs) for p in self.workload.prompts]
+        repeats: list[list[Sample]] = []
+        peaks: list[int | None] = []
+        with _Monitor(url, self.poll_interval_s) as monitor:
+            # The priming pass is byte-identical traffic whose output is discarded: in the seed
+            # it removed a separate first-batch effect, so repeat 0 is not the server's first
+            # sight of this workload.
+            for label in ["priming", *range(s.repeats)]:
+                samples, peak = await self._attempts(
+                    client, slots, url, bodies, label, monitor, is_alive, detail
+                )
+                if label == "priming":
+                    detail["priming_coresidency"] = peak
+                    continue
+                repeats.append(samples)
+                peaks.append(peak)
+        comparison = compare_repeats(repeats)
+        detail.update(comparison.to_detail())
+        detail["coresidency_per_repeat"] = peaks
+        known = [p for p in peaks if p is not None]
+        detail["max_coresidency"] = max(known, default=None)
+        detail["target_reached_repeats"] = sum(1 for p in known if p >= self.target)
+        detail["metrics_samples"] = monitor.samples
+        return decide(comparison, peaks, self.target)
+
+    async def _attempts(
+        self,
+        client: httpx.AsyncClient,
+        slots: Sequence[httpx.AsyncClient],
+        url: str,
+        bodies: Sequence[bytes],
+        label: str | int,
+        monitor: _Monitor,
+        is_alive: Callable[[], bool] | None,
+        detail: dict[str, Any],
+    ) -> tuple[list[Sample], int | None]:
+        if is_alive is not None and not is_alive():
+            raise _Untestable(f"server process exited before {_name(label)}")
+        reason = ""
+        for attempt in range(self.max_attempts):
+            monitor.begin()
+            try:
+                samples = await self._pass(slots, url, bodies, self._delays(label, attempt))
+            except _RepeatFailed as exc:
+                monitor.end()
+                reason = str(exc)
+                detail["redone_repeats"] += 1
+                detail["redo_reasons"].append(f"{_name(label)}: {reason}")
+                dead = await self._dead(client, url, is_alive)
+                if dead:
+                    raise _Untestable(
+                        f"server died during {_name(label)} ({reason}); {dead}"
+                    ) from None
+                continue
+            return samples, monitor.end()
+        raise _Untestable(
+            f"{_name(label)} failed {self.max_attempts} times on a live server; last: {reason}"
+        )
+
+    def _delays(self, label: str | int, attempt: int) -> list[float]:
+        if self.sequential or self.settings.jitter_ms <= 0:
+            return [0.0] * self.workload.size
+        # Seeded, and different per repeat and attempt: the jitter varies how engine steps
+        # form, which is what exposes the bug on a fast GPU that would otherwise admit the
+        # whole burst in one step every time.
+        seed = f"bisect-jitter:{self.settings.seed}:{self.rng_seed}:{label}:{attempt}"
+        rng = random.Random(seed)
+        high = self.settings.jitter_ms / 1000.0
+        return [rng.uniform(0.0, high) for _ in range(self.workload.size)]
+
+    async def _pass(
+        self,
+        slots: Sequence[httpx.AsyncClient],
+        url: str,
+        bodies: Sequence[bytes],
+        delays: Sequence[float],
+    ) -> list[Sample]:
+        if self.sequential:
+            return [await self._send(c, url, b, 0.0) for c, b in zip(slots, bodies, strict=True)]
+        tasks = [
+            asyncio.create_task(self._send(c, url, body, delay))
+            for c, body, delay in zip(slots, bodies, delays, strict=True)
+        ]
+        # Every request is awaited even when one fails, so the server is idle again before the
+        # repeat is redone (leftover requests would distort the next attempt's batches).
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for r in results:
+            if isinstance(r, _Untestable):
+                raise r
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return [r for r in results if isinstance(r, Sample)]
+
+    async def _send(
+        self, client: httpx.AsyncClient, url: str, body: bytes, delay: float
+    ) -> Sample:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        try:
+            resp = await client.post(
+                url + "/v1/completions",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+        except httpx.TimeoutException as exc:
+            raise _RepeatFailed(f"request timed out ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise _RepeatFailed(f"{type(exc).__name__}: {exc}") from None
+        if resp.status_code >= 500:
+            raise _RepeatFailed(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        if resp.status_code >= 400:
+            raise _Untestable(
+                f"the server rejected the probe request (HTTP {resp.status_code}): "
+                f"{resp.text[:300]}; check the model name and --max-model-len"
+            )
+        try:
+            return parse_completion(resp.json())
+        except (ResponseFormatError, json.JSONDecodeError) as exc:
+            raise _Untestable(f"unexpected completion response: {exc}") from None
+
+    async def _resolve_model(
+        self, client: httpx.AsyncClient, url: str, is_alive: Callable[[], bool] | None
+    ) -> str:
+        try:
+            resp = await client.get(url + "/v1/models", timeout=10.0)
+            data = resp.json()["data"]
+            return str(data[0]["id"])
+        except httpx.TransportError as exc:
+            dead = await self._dead(client, url, is_alive)
+            raise _Untestable(
+                f"cannot reach the server at {url} ({type(exc).__name__})"
+                + (f"; {dead}" if dead else "")
+            ) from None
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise _Untestable(
+                f"{url}/v1/models lists no model; pass the model name (--model)"
+            ) from None
+
+    async def _dead(
+        self, client: httpx.AsyncClient, url: str, is_alive: Callable[[], bool] | None
+    ) -> str:
+        """Why the server is dead, or "" when it still answers /health."""
+        last = ""
+        for _ in range(3):
+            if is_alive is not None and not is_alive():
+                return "the server process exited"
+            try:
+                resp = await client.get(url + "/health", timeout=5.0)
+                if resp.status_code == 200:
+                    return ""
+                last = f"/health answered HTTP {resp.status_code}"
+            except httpx.HTTPError as exc:
+                last = f"/health unreachable ({type(exc).__name__})"
+            await asyncio.sleep(0.2)
+        return last
+
+
+def _name(label: str | int) -> str:
+    return "the priming pass" if label == "priming" else f"repeat {label}"

@@ -1,0 +1,183 @@
+"""Pieces both backends share: ports, readiness, log tails, signals, the package-location query.
+
+Why each exists:
+- a lifetime is one fresh server, so every boot needs a free loopback port (never another
+  address: DESIGN.md keeps all traffic on 127.0.0.1);
+- a server that dies before /health must fail fast with its log tail (testcontainers' habit),
+  not after the whole boot deadline;
+- SIGTERM to the tool must tear lifetimes down like Ctrl-C does, so it is turned into an
+  exception that unwinds the context managers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+from bisect_tool.errors import AbortError, BootFailed
+from bisect_tool.interfaces import ServerHandle
+
+LOOPBACK = "127.0.0.1"
+LABEL_TOOL = "bisect.tool"
+LABEL_SESSION = "bisect.session"
+LABEL_CANDIDATE = "bisect.candidate"
+LABEL_LIFETIME = "bisect.lifetime"
+TOOL_NAME = "bisect"
+# Set in every server's environment: finds the processes of a crashed run (cleanup_stale).
+ENV_SESSION = "BISECT_SESSION"
+ENV_LIFETIME = "BISECT_LIFETIME"
+
+# Printed by a server that lost the race for its port (we pick it, then it binds): boot again.
+_PORT_TAKEN = ("address already in use", "errno 98", "eaddrinuse")
+
+# Asked of the pinned interpreter: where a package lives, without importing it (importing vLLM
+# takes ~20 s and may touch CUDA; find_spec only searches sys.path).
+PACKAGE_DIR_SCRIPT = (
+    "import importlib.util, os, sys\n"
+    "spec = importlib.util.find_spec(sys.argv[1])\n"
+    "if spec is None:\n"
+    "    sys.exit('package not found: ' + sys.argv[1])\n"
+    "locs = list(spec.submodule_search_locations or [])\n"
+    "print(locs[0] if locs else os.path.dirname(spec.origin))\n"
+)
+
+
+@dataclass(frozen=True)
+class RunningServer(ServerHandle):
+    """A ``ServerHandle`` that can also say whether the server is still up (for the probe)."""
+
+    alive: Callable[[], bool] = field(default=lambda: True, compare=False, repr=False)
+
+    def is_alive(self) -> bool:
+        return self.alive()
+
+
+def free_port() -> int:
+    """A port free on loopback right now (the OS picks it; the server may still lose a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_taken(log_text: str) -> bool:
+    low = log_text.lower()
+    return any(marker in low for marker in _PORT_TAKEN)
+
+
+def tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def boot_failed(lifetime_id: str, why: str, log_tail: str) -> BootFailed:
+    shown = log_tail.strip() or "(empty log)"
+    return BootFailed(f"lifetime {lifetime_id}: {why}; log tail:\n{shown}")
+
+
+class ServerExited(Exception):
+    """Internal: the server ended before it became healthy."""
+
+
+def wait_healthy(
+    url: str,
+    *,
+    exited: Callable[[], str | None],
+    timeout_s: float,
+    http: httpx.Client,
+    interval_s: float = 0.25,
+) -> None:
+    """Poll ``GET {url}/health`` until 200.
+
+    ``exited()`` returns a description when the server is gone: then fail at once rather than
+    wait out ``timeout_s`` (vLLM's boot takes ~50 s on an H200; a crash shows in the first
+    seconds). Raises ``ServerExited`` or ``TimeoutError``; the caller attaches the log tail.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        status = exited()
+        if status is not None:
+            raise ServerExited(status)
+        try:
+            if http.get(f"{url}/health", timeout=5.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass  # not listening yet
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not healthy after {timeout_s:g} s")
+        time.sleep(delay)
+        delay = min(interval_s, delay * 2)
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into ``AbortError`` while inside (main thread only; elsewhere a no-op).
+
+    Python's default for SIGTERM kills the interpreter without unwinding ``with`` blocks, which
+    would leave servers and containers behind; an exception unwinds them like Ctrl-C does. The
+    handler fires once: a second SIGTERM during teardown does not interrupt the teardown.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if fired:
+            return
+        fired = True
+        raise AbortError("terminated (SIGTERM); lifetimes torn down")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back during a teardown (bounded by its grace period), then deliver.
+
+    A second Ctrl-C in the middle of killing a process group must not leave half of it running.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, hold)
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+        if pending:
+            signum = pending[0]
+            old = previous[signum]
+            if callable(old):
+                old(signum, None)
+            elif old == signal.SIG_DFL and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            elif old == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
+def open_log(path: Path) -> Any:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("ab", buffering=0)

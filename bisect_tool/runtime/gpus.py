@@ -1,0 +1,52 @@
+"""Leases on GPUs so several lifetimes run at once, each pinned to its own device.
+
+One lifetime per GPU: the bug under study depends on how a step's batch forms, so two servers
+sharing a device would perturb each other's timing and memory. With no GPUs (CPU targets such as
+the demo engine) the pool hands out anonymous slots (``None``) to bound concurrency instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from collections.abc import Iterator, Sequence
+
+from bisect_tool.errors import UsageError
+
+
+class GpuPool:
+    """Thread-safe: ``with pool.lease() as gpu:`` blocks until a device (or slot) is free."""
+
+    def __init__(self, gpus: Sequence[str] = (), *, slots: int = 1) -> None:
+        ids = [str(g).strip() for g in gpus]
+        if any(not g for g in ids):
+            raise UsageError("empty GPU id in the GPU list; give ids like 0,1")
+        if len(set(ids)) != len(ids):
+            raise UsageError(f"GPU listed twice in {','.join(ids)}; give each GPU once")
+        if not ids and slots < 1:
+            raise UsageError("at least one lifetime slot is needed; give --parallel 1 or more")
+        self._items: list[str | None] = list(ids) if ids else [None] * slots
+        self._free: queue.Queue[str | None] = queue.Queue()
+        for item in self._items:
+            self._free.put(item)
+
+    @property
+    def size(self) -> int:
+        """How many lifetimes may run at once."""
+        return len(self._items)
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return tuple(g for g in self._items if g is not None)
+
+    @contextlib.contextmanager
+    def lease(self, timeout: float | None = None) -> Iterator[str | None]:
+        """A free GPU id (``None`` for an anonymous slot), given back on exit even on error."""
+        try:
+            item = self._free.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no GPU free within {timeout} s") from None
+        try:
+            yield item
+        finally:
+            self._free.put(item)

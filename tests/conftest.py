@@ -1,0 +1,220 @@
+"""Shared fixtures.
+
+- ``docker_client``: a client of a running Docker engine, or the test is skipped with the reason
+  (start one with ``scripts/docker-up.sh``; ``make test`` does).
+- ``base_image``: the offline base image ``BASE_IMAGE`` that scripts/docker-up.sh builds, or skip.
+- Runtime fixtures (a pinned package with a real compiled ``_kernels.so`` and a small stdlib HTTP
+  server, plus candidate builds of that library) used by tests/test_runtime*.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BASE_IMAGE = "bisect-base:bookworm"
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # the SDK raises several unrelated types when no engine runs
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        pytest.skip(f"Docker engine unavailable: {first} (run scripts/docker-up.sh)")
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client: Any) -> str:
+    import docker.errors
+
+    try:
+        docker_client.images.get(BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"base image {BASE_IMAGE} missing (run scripts/docker-up.sh to build it)")
+    return BASE_IMAGE
+
+
+# ---- runtime: a pinned package and candidate builds of its compiled library -------------------
+
+# The pinned stack's "server": stdlib only (it also runs in bisect-base, which has bare python3).
+# /whoami reports the sha256 of the _kernels.so it sees beside its own module, the way vLLM would
+# load vllm/_C_stable_libtorch.abi3.so beside vllm/__init__.py.
+SERVER_SOURCE = textwrap.dedent(
+    """
+    import argparse, hashlib, json, os, signal, subprocess, sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    HERE = os.path.dirname(os.path.abspath(__file__))
+    KERNELS = os.path.join(HERE, "_kernels.so")
+    MODE = os.environ.get("TEST_SERVER_MODE", "")
+
+    def main():
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--host", required=True)
+        parser.add_argument("--port", type=int, required=True)
+        parser.add_argument("--model", default="")
+        args = parser.parse_args()
+        print("test server starting, mode", repr(MODE), flush=True)
+        if MODE == "exit":
+            print("boom: cannot load kernels", flush=True)
+            sys.exit(3)
+        marker = os.environ.get("TEST_PORT_MARKER", "")
+        if MODE == "port_taken_once" and not os.path.exists(marker):
+            open(marker, "w").close()
+            print("OSError: [Errno 98] Address already in use", flush=True)
+            sys.exit(1)
+        child = None
+        if os.environ.get("TEST_SERVER_CHILD"):
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        if MODE == "ignore_term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/health":
+                    code = 503 if MODE == "unhealthy" else 200
+                    self.send_response(code)
+                    self.end_headers()
+                    return
+                if self.path == "/whoami":
+                    with open(KERNELS, "rb") as f:
+                        digest = hashlib.sha256(f.read()).hexdigest()
+                    body = json.dumps({
+                        "sha256": digest,
+                        "kernels": KERNELS,
+                        "pid": os.getpid(),
+                        "child": child.pid if child else None,
+                        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        "lifetime": os.environ.get("BISECT_LIFETIME"),
+                        "recipe_env": os.environ.get("RECIPE_VAR"),
+                        "spec_env": os.environ.get("SPEC_VAR"),
+                        "model": args.model,
+                        "host": args.host,
+                    }).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(404)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+PINNED_SCHEMAS = (
+    "_C::rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
+    "_C::fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor? weight, float epsilon) -> ()",
+)
+
+
+def _c_library(schemas: tuple[str, ...], marker: int) -> str:
+    text = "\\n".join(schemas)
+    return textwrap.dedent(
+        f"""
+        /* A stand-in for a compiled extension: it exports the schemas of the ops it registers. */
+        const char *bisect_op_schemas(void) {{ return "{text}"; }}
+        int kernel_build_marker(void) {{ return {marker}; }}
+        """
+    )
+
+
+@dataclass(frozen=True)
+class Libraries:
+    pinned: Path
+    same: Path  # same schemas, different build, plus an extra op (fine)
+    changed: Path  # rms_norm takes a required weight (an older schema)
+    missing: Path  # lacks fused_add_rms_norm
+    broken: Path  # not a shared library at all
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def kernel_libraries(tmp_path_factory: pytest.TempPathFactory) -> Libraries:
+    out = tmp_path_factory.mktemp("kernels")
+    variants = {
+        "pinned": (PINNED_SCHEMAS, 1),
+        "same": (PINNED_SCHEMAS + ("_C::extra_op(Tensor x) -> Tensor",), 2),
+        "changed": (
+            (
+                "_C::rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()",
+                PINNED_SCHEMAS[1],
+            ),
+            3,
+        ),
+        "missing": (PINNED_SCHEMAS[:1], 4),
+    }
+    paths: dict[str, Path] = {}
+    for name, (schemas, marker) in variants.items():
+        src = out / f"{name}.c"
+        src.write_text(_c_library(schemas, marker))
+        lib = out / name / "_kernels.so"
+        lib.parent.mkdir()
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)],
+            check=True,
+            capture_output=True,
+        )
+        paths[name] = lib
+    broken = out / "broken" / "_kernels.so"
+    broken.parent.mkdir()
+    broken.write_bytes(b"this is not an ELF file\n")
+    return Libraries(broken=broken, **paths)
+
+
+@pytest.fixture()
+def pinned_site(tmp_path: Path, kernel_libraries: Libraries) -> Path:
+    """A site-packages holding ``demopkg`` (server + pinned ``_kernels.so``)."""
+    site = tmp_path / "site"
+    pkg = site / "demopkg"
+    (pkg / "sub" / "__pycache__").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server.py").write_text(SERVER_SOURCE)
+    (pkg / "sub" / "__init__.py").write_text("VALUE = 1\n")
+    (pkg / "_kernels.so").write_bytes(kernel_libraries.pinned.read_bytes())
+    return site
+
+
+def tree_state(root: Path) -> dict[str, str]:
+    """Every path under ``root`` with its content hash (or link target): 'unchanged' proof."""
+    state: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            state[rel] = "link:" + str(path.readlink())
+        elif path.is_file():
+            state[rel] = sha256(path)
+        else:
+            state[rel] = "dir"
+    return state
+
+
+PYTHON = sys.executable

@@ -1,0 +1,161 @@
+"""The generated demo history has the promised shape, and the build command works on it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bisect_tool.demo.history import BAD_TAG, GOOD_TAG, KERNEL, PLANTED_SUBJECT, generate
+from bisect_tool.demo.pinned import STACK_DIR, ensure_pinned_build, read_op_schemas, run_build
+from bisect_tool.errors import BuildFailed, UsageError
+
+_BLOCK_HEURISTIC = "int max_block_size = (num_tokens < 256) ? 1024 : 256;"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return generate(tmp_path_factory.mktemp("hist") / "repo", seed=0, commits=300)
+
+
+def checkout(history, ref: str, where: Path) -> Path:  # type: ignore[no-untyped-def]
+    git(history.repo, "worktree", "add", "-q", "--detach", str(where), ref)
+    return where
+
+
+def test_shape_tags_merges_and_pr_numbers(history) -> None:  # type: ignore[no-untyped-def]
+    repo = history.repo
+    assert git(repo, "tag").split() == [BAD_TAG, GOOD_TAG]
+    assert int(git(repo, "rev-list", "--count", "--all")) == 300
+    assert (
+        git(repo, "rev-parse", "HEAD").strip() == git(repo, "rev-parse", f"{GOOD_TAG}^{{}}").strip()
+    )
+    merges = git(repo, "rev-list", "--merges", f"{BAD_TAG}..{GOOD_TAG}").split()
+    assert len(merges) >= 5
+    first_parent = git(repo, "rev-list", "--first-parent", "--reverse", "HEAD").split()
+    assert tuple(first_parent) == history.first_parent
+    subjects = git(repo, "log", "--first-parent", "--format=%s", f"{BAD_TAG}..{GOOD_TAG}")
+    with_pr = [
+        s for s in subjects.splitlines() if re.search(r"\(#\d{5}\)$|^Merge pull request #", s)
+    ]
+    assert len(with_pr) == len(subjects.splitlines())
+    python_only = git(
+        repo,
+        "log",
+        "--first-parent",
+        "--format=%H",
+        f"{BAD_TAG}..{GOOD_TAG}",
+        "--",
+        "demollm/",
+        "docs/",
+    ).split()
+    compiled = set(
+        git(
+            repo,
+            "log",
+            "--first-parent",
+            "--format=%H",
+            f"{BAD_TAG}..{GOOD_TAG}",
+            "--",
+            "csrc/",
+            "CMakeLists.txt",
+            "setup.py",
+        ).split()
+    )
+    assert len([c for c in python_only if c not in compiled]) > 50
+    assert 60 < len(compiled) < 200
+
+
+def test_exactly_one_commit_pins_the_block_size(history) -> None:  # type: ignore[no-untyped-def]
+    repo = history.repo
+    flips = []
+    for parent, child in zip(history.first_parent, history.first_parent[1:], strict=False):
+        before = _BLOCK_HEURISTIC in git(repo, "show", f"{parent}:{KERNEL}")
+        after = _BLOCK_HEURISTIC in git(repo, "show", f"{child}:{KERNEL}")
+        if before != after:
+            flips.append(child)
+    assert flips == [history.planted_commit]
+    guarded = [
+        c
+        for c in history.first_parent
+        if "vllm_is_batch_invariant() ? 1024" in git(repo, "show", f"{c}:{KERNEL}")
+    ]
+    assert guarded[0] == history.planted_commit
+    assert guarded == list(history.first_parent[history.first_parent.index(guarded[0]) :])
+    assert git(repo, "log", "-1", "--format=%s", history.planted_commit).strip() == PLANTED_SUBJECT
+    position = history.first_parent.index(history.planted_commit) / len(history.first_parent)
+    assert 0.3 < position < 0.7
+
+
+def test_old_end_is_the_pinned_stack(history) -> None:  # type: ignore[no-untyped-def]
+    for name in (
+        "csrc/layernorm_kernels.c",
+        "csrc/batch_invariant.h",
+        "setup.py",
+        "CMakeLists.txt",
+    ):
+        assert git(history.repo, "show", f"{BAD_TAG}:{name}") == (STACK_DIR / name).read_text()
+
+
+def test_build_command_works_on_both_tags(history, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert history.build_command == "python3 setup.py build_ext --inplace"
+    built = {}
+    for tag in (BAD_TAG, GOOD_TAG):
+        tree = checkout(history, tag, tmp_path / tag)
+        subprocess.run(history.build_command, shell=True, cwd=tree, check=True, capture_output=True)
+        built[tag] = (tree / history.swap_set[0]).read_bytes()
+        assert len(read_op_schemas(tree / history.swap_set[0])) == 2
+    assert built[BAD_TAG] != built[GOOD_TAG]
+    assert built[BAD_TAG] == ensure_pinned_build().read_bytes()  # same sources, same bytes
+
+
+def test_some_commits_do_not_build(history, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert 2 <= len(history.broken_commits) <= 8
+    assert history.planted_commit not in history.broken_commits
+    for n, commit in enumerate(history.broken_commits[:2] + history.broken_commits[-1:]):
+        tree = checkout(history, commit, tmp_path / f"b{n}")
+        with pytest.raises(BuildFailed):
+            run_build(tree)
+    tree = checkout(history, history.planted_commit, tmp_path / "planted")
+    assert run_build(tree).is_file()
+
+
+def test_harmless_kernel_commits_give_distinct_binaries(history, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    revs = git(
+        history.repo,
+        "log",
+        "--first-parent",
+        "--format=%H",
+        "--grep=launcher",
+        f"{BAD_TAG}..{GOOD_TAG}",
+    ).split()
+    revs = [c for c in revs if c not in history.broken_commits][:3]
+    digests = set()
+    for n, commit in enumerate(revs):
+        digests.add(run_build(checkout(history, commit, tmp_path / f"r{n}")).read_bytes())
+    assert len(digests) == len(revs) >= 2
+
+
+def test_deterministic_for_a_seed(history, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    again = generate(tmp_path / "again", seed=0, commits=300)
+    assert again.first_parent == history.first_parent
+    assert again.planted_commit == history.planted_commit
+    other = generate(tmp_path / "other", seed=1, commits=300)
+    assert other.planted_commit != history.planted_commit
+
+
+def test_refuses_a_non_empty_directory_and_tiny_histories(tmp_path: Path) -> None:
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "file").write_text("")
+    with pytest.raises(UsageError, match="not empty"):
+        generate(tmp_path / "x")
+    with pytest.raises(UsageError, match="at least 60"):
+        generate(tmp_path / "y", commits=10)

@@ -1,0 +1,204 @@
+"""Pure parts of the runtime: schema comparison, GPU pool, container spec, `bisect model`."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bisect_tool.cli import main
+from bisect_tool.errors import UsageError
+from bisect_tool.interfaces import LifetimeSpec, SwapSet
+from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.runtime import GpuPool, compare_schemas
+from bisect_tool.runtime.docker_backend import container_spec
+from bisect_tool.runtime.schemas import parse_dump
+
+# Schema dumps as vLLM's own extension registers them (vllm-facts.md): the current schema takes
+# an optional weight; older builds took a required one.
+PINNED = {
+    "_C::rms_norm": (
+        "_C::rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()"
+    ),
+    "_C::fused_add_rms_norm": (
+        "_C::fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor? weight, "
+        "float epsilon) -> ()"
+    ),
+}
+
+
+def test_same_schemas_and_extra_ops_are_compatible() -> None:
+    extra = {**PINNED, "_C::new_op": "_C::new_op(Tensor x) -> Tensor"}
+    assert compare_schemas(PINNED, extra) == []
+    spaced = {k: v.replace(", ", ",  ") for k, v in PINNED.items()}
+    assert compare_schemas(PINNED, spaced) == []
+
+
+def test_missing_and_changed_ops_are_named() -> None:
+    older = {
+        "_C::rms_norm": (
+            "_C::rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()"
+        )
+    }
+    assert compare_schemas(PINNED, older) == [
+        "candidate lacks op _C::fused_add_rms_norm",
+        "op _C::rms_norm changed: pinned '"
+        + PINNED["_C::rms_norm"]
+        + "' vs candidate '"
+        + older["_C::rms_norm"]
+        + "'",
+    ]
+
+
+@given(st.dictionaries(st.text("abc:_", min_size=1), st.text("abc(), ", min_size=1), max_size=6))
+def test_every_pinned_op_is_either_matched_or_reported(candidate: dict[str, str]) -> None:
+    problems = compare_schemas(PINNED, candidate)
+    ok = [op for op in PINNED if op in candidate and candidate[op].split() == PINNED[op].split()]
+    assert len(problems) + len(ok) == len(PINNED)
+
+
+def test_dump_output_parsing() -> None:
+    assert parse_dump('{"schemas": {"_C::a": "_C::a() -> ()"}, "error": null}', "x") == {
+        "_C::a": "_C::a() -> ()"
+    }
+    assert parse_dump('{"missing": true}', "x") is None
+
+
+def test_gpu_pool_runs_one_lifetime_per_gpu_at_a_time() -> None:
+    pool = GpuPool(["0", "1"])
+    assert pool.size == 2
+    holders: list[str | None] = []
+    peak = 0
+    lock = threading.Lock()
+    both_in = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        nonlocal peak
+        try:
+            with pool.lease(timeout=30) as gpu:
+                with lock:
+                    assert gpu not in holders, f"GPU {gpu} leased twice"
+                    holders.append(gpu)
+                    peak = max(peak, len(holders))
+                both_in.wait(timeout=30)  # the first two meet: two run at once
+                with lock:
+                    holders.remove(gpu)
+        except threading.BrokenBarrierError:
+            pass  # later pairs may not meet in step; the exclusivity check is what matters
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert peak == 2
+
+
+def test_gpu_pool_without_gpus_gives_anonymous_slots() -> None:
+    pool = GpuPool([], slots=3)
+    assert pool.size == 3 and pool.gpus == ()
+    with pool.lease() as a, pool.lease() as b, pool.lease() as c:
+        assert (a, b, c) == (None, None, None)
+        with pytest.raises(TimeoutError), pool.lease(timeout=0.01):
+            pass
+    with pool.lease(timeout=0.01) as again:  # given back on exit
+        assert again is None
+
+
+def test_gpu_pool_rejects_bad_lists() -> None:
+    with pytest.raises(UsageError, match="listed twice"):
+        GpuPool(["0", "0"])
+    with pytest.raises(UsageError, match="empty GPU id"):
+        GpuPool(["0", ""])
+
+
+def test_container_spec_asks_for_one_gpu_host_network_and_read_only_mounts(tmp_path: Path) -> None:
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"x")
+    settings = RuntimeSettings(
+        backend="docker",
+        image="vllm/vllm-openai:v0.26.0",
+        server_module="vllm.entrypoints.openai.api_server",
+        server_args=("--enforce-eager",),
+        env={"VLLM_BATCH_INVARIANT": "1"},
+        model="/models/qwen",
+        model_cache=str(tmp_path),
+        shm_size="8g",
+    )
+    swap = SwapSet(commit="a" * 40, files={"vllm/_C_stable_libtorch.abi3.so": lib})
+    spec = LifetimeSpec(session="s1", lifetime_id="aaaaaaaaaaaa-0", swap=swap, gpu="5")
+    target = "/usr/local/lib/python3.12/dist-packages/vllm/_C_stable_libtorch.abi3.so"
+    kw = container_spec(
+        settings, spec, port=4321, targets={"vllm/_C_stable_libtorch.abi3.so": target}
+    )
+    assert kw["device_requests"] == [
+        {"Driver": "", "Count": 0, "DeviceIDs": ["5"], "Capabilities": [["gpu"]], "Options": {}}
+    ]
+    assert kw["network_mode"] == "host" and kw["shm_size"] == "8g"
+    assert kw["entrypoint"] == ["python3"]
+    assert kw["command"][-4:] == ["--host", "127.0.0.1", "--port", "4321"]
+    assert kw["command"][:4] == [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--enforce-eager",
+        "--model",
+    ]
+    assert kw["environment"]["VLLM_BATCH_INVARIANT"] == "1"
+    swap_mount, cache_mount = kw["mounts"]
+    assert (swap_mount["Target"], swap_mount["Source"], swap_mount["ReadOnly"]) == (
+        target,
+        str(lib.resolve()),
+        True,
+    )
+    assert cache_mount["ReadOnly"] is True
+    assert kw["labels"] == {
+        "bisect.tool": "bisect",
+        "bisect.session": "s1",
+        "bisect.candidate": "a" * 40,
+        "bisect.lifetime": "aaaaaaaaaaaa-0",
+    }
+    cpu = container_spec(
+        settings,
+        LifetimeSpec(session="s1", lifetime_id="x", swap=swap),
+        port=1,
+        targets={"vllm/_C_stable_libtorch.abi3.so": target},
+    )
+    assert "device_requests" not in cpu
+
+
+def test_model_random_without_transformers_names_the_install(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("torch and transformers are installed here: the error path cannot show")
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "qwen3"}')
+    with pytest.raises(SystemExit) as caught:
+        main(["model", "random", "--config", str(config), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert caught.value.code != 0
+    assert err.strip().splitlines() == [
+        "bisect: random weights need transformers and torch: pip install transformers torch"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_random_with_missing_config_names_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["model", "random", "--config", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert caught.value.code == UsageError.exit_code
+    assert "config not found" in capsys.readouterr().err
