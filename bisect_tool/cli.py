@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import click
 
 from bisect_tool import __version__
 from bisect_tool.artifacts.cli import artifacts_group
 from bisect_tool.demo.cli import demo_command
-from bisect_tool.errors import BisectError
+from bisect_tool import journal as journal_mod
+from bisect_tool import recipe as recipe_mod
+from bisect_tool.errors import AbortError, BisectError, RangeError, StateError, UsageError
+from bisect_tool.journal import JOURNAL_NAME
+from bisect_tool.runtime import common as signals
+from bisect_tool.values import Verdict
 from bisect_tool.probes.cli import probe_command
 from bisect_tool.runtime.cli import model_group
 
@@ -18,6 +26,389 @@ from bisect_tool.runtime.cli import model_group
 @click.version_option(__version__, prog_name="bisect")
 def cli() -> None:
     """Find the vLLM commit that introduced or fixed an intermittent bug in compiled kernels."""
+
+
+
+def _state_dir(repo: Path, state_dir: Path | None) -> Path:
+    """Default: inside the target repository's git dir, as git bisect keeps its state."""
+    if state_dir is not None:
+        return state_dir
+    git_dir = repo / ".git"
+    if git_dir.is_file():  # a worktree: .git is a file pointing at the real git dir
+        text = git_dir.read_text().strip()
+        if text.startswith("gitdir:"):
+            git_dir = (repo / text.split(":", 1)[1].strip()).resolve()
+    if not git_dir.is_dir():
+        raise RangeError(
+            f"{repo} is not a git repository; pass --repo PATH pointing at your vLLM clone"
+        )
+    return git_dir / "bisect-tool"
+
+
+def _journal_path(repo: Path, state_dir: Path | None) -> Path:
+    return _state_dir(repo, state_dir) / JOURNAL_NAME
+
+
+repo_option = click.option(
+    "--repo", "repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+    help="The target repository (your vLLM clone).",
+)
+state_option = click.option(
+    "--state-dir", type=click.Path(path_type=Path), default=None,
+    help="Where the journal and logs live (default: <repo>/.git/bisect-tool).",
+)
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@cli.command()
+@click.option("--good", required=True, help="A commit with the good behaviour (tag, branch, SHA).")
+@click.option("--bad", required=True, help="A commit with the bad behaviour.")
+@click.option("--recipe", "recipe_name", default=None, help="Bundled recipe name or TOML path.")
+@click.option("--run", "run_command", default=None, help="Generic probe, like `git bisect run`.")
+@click.option("--run-timeout", type=float, default=0.0, help="Seconds before --run aborts.")
+@click.option("--path", "paths", multiple=True, help="Only commits touching these paths.")
+@click.option("--confidence", type=float, default=None, help="Stop at this posterior mass.")
+@click.option("--max-evaluations", type=int, default=None, help="Budget of lifetimes.")
+@click.option("--backend", type=click.Choice(["local", "docker"]), default=None)
+@click.option("--gpus", default=None, help="GPUs for lifetimes, e.g. 0,1,2,3.")
+@click.option("--python", "python_exe", default=None, help="Interpreter of the pinned stack.")
+@click.option("--pinned-dir", default=None, help="Directory holding the pinned package.")
+@click.option("--model", default=None, help="Model path or name for the server.")
+@click.option("--cost-new", type=float, default=None, help="Cost of a new candidate.")
+@click.option("--cost-lifetime", type=float, default=None, help="Cost of another lifetime.")
+@click.option("--no-controls", is_flag=True, help="Skip the positive/negative controls.")
+@repo_option
+@state_option
+def start(
+    good: str, bad: str, recipe_name: str | None, run_command: str | None, run_timeout: float,
+    paths: tuple[str, ...], confidence: float | None, max_evaluations: int | None,
+    backend: str | None, gpus: str | None, python_exe: str | None, pinned_dir: str | None,
+    model: str | None, cost_new: float | None, cost_lifetime: float | None, no_controls: bool,
+    repo: Path, state_dir: Path | None,
+) -> None:
+    """Start a bisect. With --recipe or --run it runs unattended to the end; with neither it
+    prints the next candidate to judge with `bisect good|bad|skip`."""
+    from bisect_tool import session
+    from bisect_tool.range import resolve_range
+
+    recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
+    if recipe_obj is not None:
+        recipe_obj = recipe_obj.override(
+            "search", confidence=confidence, max_evaluations=max_evaluations,
+            cost_new_candidate=cost_new, cost_lifetime=cost_lifetime,
+        )
+        recipe_obj = recipe_obj.override(
+            "runtime", backend=backend, python=python_exe, pinned_package_dir=pinned_dir,
+            model=model, gpus=tuple(g for g in gpus.split(",") if g) if gpus else None,
+        )
+        if no_controls:
+            recipe_obj = recipe_obj.override("probe", controls=False)
+    journal_path = _journal_path(repo, state_dir)
+    if journal_path.exists():
+        contents = journal_mod.read(journal_path)
+        if not any(e.get("type") == "end" for e in contents.entries):
+            raise StateError(
+                f"a bisect is already in progress in {journal_path.parent}; "
+                "`bisect resume` continues it, `bisect reset` ends it"
+            )
+        journal_path.unlink()
+    path_filter = paths or (recipe_obj.range.paths if recipe_obj else ())
+    commit_range = resolve_range(repo, good, bad, path_filter)
+    recipe_dict = recipe_obj.to_dict() if recipe_obj else {}
+    if recipe_obj is None:
+        recipe_dict = {"search": _search_overrides(confidence, max_evaluations, cost_new, cost_lifetime)}
+    mode = "run" if run_command else ("recipe" if recipe_obj else "manual")
+    header = session.header_for(
+        commit_range, recipe=recipe_dict, command=["bisect", *sys.argv[1:]],
+        repo=repo.resolve(), mode=mode,
+    )
+    header["run_command"] = run_command or ""
+    header["run_timeout"] = run_timeout
+    with journal_mod.Journal(journal_path) as journal:
+        journal.append(header)
+    click.echo(
+        f"bisecting {len(commit_range.candidates)} candidates ({commit_range.direction}: "
+        f"looking for the first {'bad' if commit_range.direction == 'regression' else 'good'} "
+        "commit)", err=True,
+    )
+    _continue(repo, state_dir)
+
+
+def _search_overrides(*values: float | int | None) -> dict[str, object]:
+    names = ("confidence", "max_evaluations", "cost_new_candidate", "cost_lifetime")
+    return {n: v for n, v in zip(names, values, strict=True) if v is not None}
+
+
+def _continue(repo: Path, state_dir: Path | None) -> None:
+    """Run (or, in manual mode, prompt for) the search from the journal's state."""
+    from bisect_tool import session
+    from bisect_tool.evaluate import RunCommandEvaluator, build_evaluator
+
+    journal_path = _journal_path(repo, state_dir)
+    contents = journal_mod.read(journal_path)
+    state = session.replay(contents)
+    header = contents.header
+    if state.end is not None:
+        _print_outcome(state.summary(), state)
+        return
+    mode = header.get("mode", "manual")
+    if mode == "manual":
+        nxt = session.next_manual_candidate(state)
+        if nxt is None:
+            _print_outcome(state.summary(), state)
+        else:
+            click.echo(f"next: {nxt.sha} {nxt.subject}")
+            click.echo("judge it with `bisect good|bad|skip` (it defaults to this commit)")
+        return
+    tags = {c.sha: c.tags for c in state.candidates}
+    with journal_mod.Journal(journal_path) as journal, signals.sigterm_raises():
+        if mode == "run":
+            evaluator = RunCommandEvaluator(
+                Path(header["repo"]), header["run_command"], float(header.get("run_timeout") or 0)
+            )
+            summary = session.Loop(journal, state, evaluator, progress=_progress).run()
+        else:
+            recipe_obj = recipe_mod.from_dict_loose(header["recipe"])
+            with build_evaluator(
+                recipe_obj, Path(header["repo"]), session=header["session"],
+                state_dir=journal_path.parent, tags=tags, progress=_progress,
+            ) as (evaluator, parallel, controls_for):
+                if recipe_obj.probe.controls and state.controls is None:
+                    runner = controls_for(state.candidates[state.strategy.good_end].sha)
+                    if runner is not None:
+                        _progress("running the controls on the good end")
+                        entry = journal.append(runner.run())
+                        state.apply(entry)
+                        _progress(f"controls: {'ok' if entry['ok'] else entry['problem']}")
+                if state.controls is not None and not state.controls.get("ok", True):
+                    positive = (state.controls.get("positive") or {}).get("verdict")
+                    if positive != "divergent":
+                        journal.append({
+                            "type": "end", "state": session.CONTROLS_FAILED,
+                            "message": state.controls.get("problem", ""),
+                        })
+                        raise AbortError(
+                            "controls failed, so a CLEAN would mean nothing: "
+                            f"{state.controls.get('problem')}"
+                        )
+                summary = session.Loop(
+                    journal, state, evaluator, parallel=parallel, progress=_progress
+                ).run()
+    _print_outcome(summary, state)
+
+
+def _print_outcome(summary: dict[str, object], state: object) -> None:
+    st = summary["state"]
+    if st == "done":
+        word = "first good" if summary["direction"] == "fix" else "first bad"
+        block = summary["flip_block"]
+        assert isinstance(block, list)
+        if len(block) == 1:
+            click.echo(
+                f"{word} commit: {block[0]} (confidence {summary['confidence']:.1%}, "
+                f"{summary['evaluations']} lifetimes)"
+            )
+        else:
+            click.echo(f"{word} commit could be any of ({summary['confidence']:.1%}):")
+            for sha in block:
+                click.echo(f"  {sha}")
+    else:
+        click.echo(f"stopped: {st}: {summary.get('message', '')}")
+    click.echo("see `bisect report` for the full report", err=True)
+
+
+@cli.command()
+@repo_option
+@state_option
+def resume(repo: Path, state_dir: Path | None) -> None:
+    """Continue a bisect from its journal (after a crash or Ctrl-C)."""
+    _continue(repo, state_dir)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@repo_option
+@state_option
+def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
+    """Where the search stands."""
+    from bisect_tool import session
+
+    state = session.replay(journal_mod.read(_journal_path(repo, state_dir)))
+    summary = state.summary()
+    summary.pop("posterior")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"state: {summary['state']} ({summary['direction']})")
+    flip = summary["flip_commit"] or ", ".join(str(s)[:12] for s in summary["flip_block"])
+    click.echo(f"top candidate: {flip} at {summary['confidence']:.1%}")
+    click.echo(f"90% credible set: {len(summary['credible_set'])} commits")
+    click.echo(
+        f"lifetimes: {summary['evaluations']} over {summary['candidates_tested']} of "
+        f"{summary['candidates']} candidates; p ~ {summary['p_estimate']:.2f}"
+    )
+
+
+@cli.command()
+@repo_option
+@state_option
+def log(repo: Path, state_dir: Path | None) -> None:
+    """The journal, one line per event."""
+    contents = journal_mod.read(_journal_path(repo, state_dir))
+    h = contents.header
+    click.echo(f"# session {h['session']}: {h['direction']} {h['good_ref']} (good) {h['bad_ref']} (bad)")
+    for e in contents.entries:
+        kind = e.get("type")
+        if kind == "observation":
+            click.echo(f"{e['lifetime_id']:<16} {e['commit'][:12]} {e['verdict']:<12} {e.get('message', '')[:80]}")
+        elif kind == "untestable":
+            click.echo(f"untestable       {e['commit'][:12]} {e.get('message', '')[:80]}")
+        elif kind == "controls":
+            click.echo(f"controls         {'ok' if e.get('ok') else e.get('problem', '')[:100]}")
+        elif kind == "end":
+            click.echo(f"end              {e['state']}: {e.get('message', '')}")
+
+
+@cli.command("replay")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def replay_cmd(file: Path, as_json: bool) -> None:
+    """Rebuild the search from a journal FILE and print where it stands (no repository needed)."""
+    from bisect_tool import session
+
+    state = session.replay(journal_mod.read(file))
+    summary = state.summary()
+    summary.pop("posterior")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        _print_outcome(summary, state) if summary["state"] != "running" else click.echo(
+            f"running: top {summary['confidence']:.1%} at {summary['flip_block'][0]}"
+        )
+
+
+def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | None) -> None:
+    from bisect_tool import session
+    from bisect_tool.range import open_repo, resolve_ref
+
+    path = _journal_path(repo, state_dir)
+    state = session.replay(journal_mod.read(path))
+    if ref is None:
+        nxt = session.next_manual_candidate(state)
+        if nxt is None:
+            raise UsageError("nothing left to judge; see `bisect status`")
+        sha = nxt.sha
+    else:
+        sha = resolve_ref(open_repo(repo), ref)
+    with journal_mod.Journal(path) as journal:
+        session.record_manual(journal, state, sha, verdict)
+        nxt = session.next_manual_candidate(state)
+        if nxt is None:
+            # journal the outcome, as the unattended loop does: `status` then says done and a
+            # later `start` is not refused as "already in progress"
+            state_name, message = session.stop_reason(state) or (
+                session.NO_CANDIDATE, "every candidate that could tell the flip apart is untestable"
+            )
+            _print_outcome(session.finish(journal, state, state_name, message), state)
+            return
+    click.echo(f"next: {nxt.sha} {nxt.subject}")
+
+
+for _name, _verdict, _help in (
+    ("good", Verdict.CLEAN, "Mark REF (default: the next candidate) as good in one lifetime."),
+    ("bad", Verdict.DIVERGENT, "Mark REF (default: the next candidate) as bad in one lifetime."),
+    ("skip", Verdict.UNTESTABLE, "Mark REF (default: the next candidate) as untestable."),
+):
+    def _make(verdict: Verdict = _verdict) -> Callable[..., None]:
+        def command(ref: str | None, repo: Path, state_dir: Path | None) -> None:
+            _manual(verdict, ref, repo, state_dir)
+        return command
+
+    cli.command(_name, help=_help)(
+        click.argument("ref", required=False)(repo_option(state_option(_make())))
+    )
+
+
+@cli.command()
+@repo_option
+@state_option
+def reset(repo: Path, state_dir: Path | None) -> None:
+    """End the bisect: remove its state and any container or process left by a crash."""
+    import shutil
+
+    path = _state_dir(repo, state_dir)
+    removed = 0
+    try:
+        from bisect_tool.runtime.local import LocalBackend  # noqa: F401
+
+        from bisect_tool.recipe import RuntimeSettings
+        from bisect_tool.runtime import make_backend
+
+        for backend_name in ("local", "docker"):
+            try:
+                backend = make_backend(
+                    RuntimeSettings(backend=backend_name), session="reset", log_dir=path / "logs"
+                )
+                removed += backend.cleanup_stale(None)  # type: ignore[call-arg]
+            except BisectError:
+                continue
+    except ImportError:
+        pass
+    if path.exists():
+        shutil.rmtree(path)
+        click.echo(f"removed {path}" + (f" and {removed} leftover lifetimes" if removed else ""))
+    else:
+        click.echo("no bisect in progress")
+
+
+@cli.command()
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write the PNG here.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=None)
+@repo_option
+@state_option
+def report(fmt: str, plot: Path | None, output: Path | None, repo: Path, state_dir: Path | None) -> None:
+    """The report for the issue tracker (Markdown for GitHub, or JSON with the same content)."""
+    text = render_report(_journal_path(repo, state_dir), fmt, plot)
+    if output:
+        output.write_text(text)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
+
+
+def render_report(journal_path: Path, fmt: str = "md", plot: Path | None = None) -> str:
+    from bisect_tool import report as report_mod
+    from bisect_tool import session
+
+    contents = journal_mod.read(journal_path)
+    state = session.replay(contents)
+    summary = state.summary()
+    search_state = report_mod.SearchState(
+        state=str(summary["state"]),
+        direction=str(summary["direction"]),
+        flip_block=tuple(summary["flip_block"]),
+        confidence=float(summary["confidence"]),
+        credible_set=tuple(summary["credible_set"]),
+        p_median=float(summary["p_estimate"]),
+        p_interval=tuple(summary["p_interval"]),
+        q_median=float(summary["q_estimate"]),
+        q_interval=tuple(summary["q_interval"]),
+        evaluations=int(summary["evaluations"]),
+        candidates_tested=int(summary["candidates_tested"]),
+        posterior=tuple(summary["posterior"]),
+    )
+    built = report_mod.build_report(contents, search_state)
+    if fmt == "json":
+        return report_mod.render_json(built)
+    if plot is not None:
+        written = report_mod.plot_posterior(built, plot)
+        if written is not None:
+            built["plot_path"] = str(written)
+    return report_mod.render_markdown(built)
 
 
 cli.add_command(artifacts_group)

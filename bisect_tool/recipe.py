@@ -243,3 +243,10 @@ def _describe(expected: Any) -> str:
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
         expected, str(expected)
     )
+
+
+def from_dict_loose(data: dict[str, Any]) -> Recipe:
+    """A recipe stored in a journal header (``Recipe.to_dict()``): validated the same way."""
+    data = dict(data)
+    source = str(data.pop("source", "") or "<journal>")
+    return from_dict(data, source=source)

@@ -2,24 +2,45 @@
 
 A benchmark, not a test: users plan a budget with it, and we hold the strategy to its targets.
 Costs: a new candidate costs ``cost_new``, each lifetime ``cost_lifetime`` (10 and 1 by default).
-Every strategy pays the same price for the same work, and all run on the same histories.
+A candidate is paid for once (its artifacts stay cached), so going back to one costs only its
+lifetimes. Every strategy pays the same price for the same work, and all run on the same
+histories (the same flip and the same random stream per trial).
 
-- *bayes*: :class:`~bisect_tool.strategy.BayesianStrategy`, one lifetime at a time.
-- *classic*: one lifetime per candidate, a bad one if it diverges (``git bisect run``), after
-  one lifetime at each end to confirm the labels, as the Bayesian search also does.
+- *bayes*: :class:`~bisect_tool.strategy.BayesianStrategy`, one lifetime at a time, stopped at
+  the asked confidence (or the lifetime budget).
+- *classic*: ``git bisect run`` on one lifetime per candidate: bad if that lifetime diverges.
+  Before bisecting it runs one lifetime at each end to confirm the labels, as the Bayesian
+  search also does, so its cost is ``2 * (cost_new + cost_lifetime)`` plus
+  ``ceil(log2 N) * (cost_new + cost_lifetime)``. This is the baseline for p = 1.
 - *fixed_repeats*: ``k`` lifetimes per candidate, bad if any diverges (syzkaller's and Chromium's
   "--times N" rule), after the same end checks.
+
+The lower bound is Fano's: ``((1 - Pe) log2 N - h(Pe)) / C`` lifetimes, C the capacity of the
+channel bad -> Bernoulli(p), good -> Bernoulli(q); a new candidate reveals at most one bit about
+the flip, so at least that many bits' worth of new candidates are paid for too.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import multiprocessing
+import os
 from dataclasses import asdict, dataclass
 
+import click
 import numpy as np
 
-from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
+from bisect_tool.errors import UsageError
+from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, Priors
 from bisect_tool.values import Direction
+
+STRATEGIES = ("bayes", "classic", "fixed_repeats")
+
+#: the cells the strategy is held to (accuracy >= 0.99 in each); see ``--grid``
+GRID_P = (0.3, 0.5, 0.8, 1.0)
+GRID_Q = (0.0, 0.01)
+GRID_N = (64, 512, 4096)
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,8 @@ class SimulationResult:
     confidence: float
     lower_bound: LowerBound
     strategies: dict[str, StrategyStats]
+    #: mean confidence the Bayesian search reported when it stopped (compare with its accuracy)
+    bayes_reported_confidence: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -54,8 +77,16 @@ class SimulationResult:
             "q": self.q,
             "trials": self.trials,
             "confidence": self.confidence,
+            "bayes_reported_confidence": self.bayes_reported_confidence,
             "lower_bound": asdict(self.lower_bound),
             "strategies": {k: asdict(v) for k, v in self.strategies.items()},
+        }
+
+    def ratios(self) -> dict[str, float]:
+        bayes = self.strategies["bayes"].mean_cost
+        return {
+            "bayes_over_lower_bound": bayes / self.lower_bound.cost if self.lower_bound.cost else 0,
+            "bayes_over_classic": bayes / self.strategies["classic"].mean_cost,
         }
 
 
@@ -78,19 +109,36 @@ class _History:
         return self.lifetimes * costs.lifetime + len(self.candidates) * costs.new_candidate
 
 
-def _run_bayes(h: _History, costs: Costs, confidence: float, budget: int) -> int:
-    strategy = BayesianStrategy(h.n + 1, Direction.FIX, costs=costs, confidence=confidence)
+@dataclass(frozen=True)
+class _Settings:
+    n: int
+    p: float
+    q: float
+    costs: Costs
+    confidence: float
+    repeats: int
+    budget: int
+    priors: Priors | None
+
+
+def _run_bayes(
+    h: _History, costs: Costs, confidence: float, budget: int, priors: Priors | None = None
+) -> tuple[int, float]:
+    """The search as the session loop drives it; returns (reported flip, reported confidence)."""
+    strategy = BayesianStrategy(
+        h.n + 1, Direction.FIX, costs=costs, confidence=confidence, priors=priors
+    )
     while h.lifetimes < budget:
-        if strategy.counts.total[strategy.bad_end] and strategy.counts.total[
-            strategy.good_end
-        ] and strategy.done():
+        t = strategy.counts.total
+        if t[strategy.bad_end] and t[strategy.good_end] and strategy.done():
             break
         try:
             choice = strategy.select()
         except NoCandidateLeft:
             break
         strategy.record(choice.position, h.run(choice.position))
-    return strategy.top_block()[0][0]
+    block, mass = strategy.top_block()
+    return block[0], mass
 
 
 def _run_fixed(h: _History, repeats: int) -> int:
@@ -109,6 +157,27 @@ def _run_fixed(h: _History, repeats: int) -> int:
         else:
             hi = mid
     return hi
+
+
+# one trial: per strategy (right?, lifetimes, cost, candidates), and bayes' reported confidence
+_Row = tuple[bool, int, float, int]
+
+
+def _trial(args: tuple[_Settings, int]) -> tuple[dict[str, _Row], float]:
+    s, seed = args
+    rng = np.random.default_rng(seed)
+    flip = int(rng.integers(1, s.n + 1))
+    stream = int(rng.integers(2**63))
+    out: dict[str, _Row] = {}
+    reported = 0.0
+    for name in STRATEGIES:
+        h = _History(s.n, flip, s.p, s.q, np.random.default_rng(stream))
+        if name == "bayes":
+            found, reported = _run_bayes(h, s.costs, s.confidence, s.budget, s.priors)
+        else:
+            found = _run_fixed(h, 1 if name == "classic" else s.repeats)
+        out[name] = (found == flip, h.lifetimes, h.cost(s.costs), len(h.candidates))
+    return out, reported
 
 
 def channel_capacity(p: float, q: float) -> float:
@@ -143,37 +212,152 @@ def simulate(
     repeats: int = 7,
     seed: int = 0,
     budget: int = 5000,
+    priors: Priors | None = None,
+    processes: int | None = None,
 ) -> SimulationResult:
+    """``trials`` random histories (flip uniform in 1..N) searched by every strategy.
+
+    Trials run in ``processes`` worker processes (default: one per CPU); each trial's seed comes
+    from ``seed`` alone, so the result does not depend on how many processes ran it.
+    """
+    if candidates < 2:
+        raise UsageError("--candidates must be at least 2")
+    if not (0 < p <= 1 and 0 <= q < p):
+        raise UsageError("need 0 < p <= 1 and 0 <= q < p (p: bad-side rate, q: false alarms)")
+    if trials < 1:
+        raise UsageError("--trials must be at least 1")
     costs = costs or Costs()
-    rng = np.random.default_rng(seed)
-    n = candidates  # positions 0..n: the two ends and n - 1 commits between; flips in 1..n
-    results: dict[str, list[tuple[bool, int, float, int]]] = {
-        "bayes": [],
-        "classic": [],
-        "fixed_repeats": [],
-    }
-    for _ in range(trials):
-        flip = int(rng.integers(1, n + 1))
-        trial_seed = int(rng.integers(2**63))
-        runners = {
-            "bayes": lambda h: _run_bayes(h, costs, confidence, budget),
-            "classic": lambda h: _run_fixed(h, 1),
-            "fixed_repeats": lambda h: _run_fixed(h, repeats),
-        }
-        for name, runner in runners.items():
-            h = _History(n, flip, p, q, np.random.default_rng(trial_seed))
-            found = runner(h)
-            results[name].append((found == flip, h.lifetimes, h.cost(costs), len(h.candidates)))
+    settings = _Settings(candidates, p, q, costs, confidence, repeats, budget, priors)
+    seeds = [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(trials)]
+    work = [(settings, s) for s in seeds]
+    processes = processes or os.cpu_count() or 1
+    if processes > 1 and trials > 1:
+        # fork: the workers need nothing but this module; chunks keep the pickling small
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(processes) as pool:
+            rows = pool.map(_trial, work, chunksize=max(1, trials // (4 * processes)))
+    else:
+        rows = [_trial(w) for w in work]
     stats = {}
-    for name, rows in results.items():
-        evaluations = np.array([r[1] for r in rows])
+    for name in STRATEGIES:
+        mine = [r[0][name] for r in rows]
+        evaluations = np.array([r[1] for r in mine])
         stats[name] = StrategyStats(
-            accuracy=float(np.mean([r[0] for r in rows])),
+            accuracy=float(np.mean([r[0] for r in mine])),
             mean_evaluations=float(evaluations.mean()),
             p95_evaluations=float(np.percentile(evaluations, 95)),
-            mean_cost=float(np.mean([r[2] for r in rows])),
-            mean_candidates=float(np.mean([r[3] for r in rows])),
+            mean_cost=float(np.mean([r[2] for r in mine])),
+            mean_candidates=float(np.mean([r[3] for r in mine])),
         )
     return SimulationResult(
-        candidates, p, q, trials, confidence, lower_bound(n, p, q, costs), stats
+        candidates,
+        p,
+        q,
+        trials,
+        confidence,
+        lower_bound(candidates, p, q, costs),
+        stats,
+        bayes_reported_confidence=float(np.mean([r[1] for r in rows])),
     )
+
+
+def format_result(r: SimulationResult) -> str:
+    """The side-by-side table a user reads."""
+    lines = [
+        f"N={r.candidates} p={r.p:g} q={r.q:g} trials={r.trials} confidence={r.confidence:g}",
+        f"{'strategy':<14}{'accuracy':>9}{'mean evals':>12}{'p95 evals':>11}{'mean cost':>11}",
+    ]
+    for name, s in r.strategies.items():
+        lines.append(
+            f"{name:<14}{s.accuracy:>9.3f}{s.mean_evaluations:>12.1f}"
+            f"{s.p95_evaluations:>11.0f}{s.mean_cost:>11.1f}"
+        )
+    lb = r.lower_bound
+    lines.append(f"{'lower bound':<14}{'>=0.99':>9}{lb.evaluations:>12.1f}{'':>11}{lb.cost:>11.1f}")
+    ratios = r.ratios()
+    lines.append(
+        f"bayes cost / lower bound = {ratios['bayes_over_lower_bound']:.2f}; "
+        f"bayes cost / classic cost = {ratios['bayes_over_classic']:.2f}; "
+        f"bayes mean reported confidence {r.bayes_reported_confidence:.4f}"
+    )
+    return "\n".join(lines)
+
+
+def grid_row(r: SimulationResult) -> str:
+    b, c = r.strategies["bayes"], r.strategies["classic"]
+    ratios = r.ratios()
+    return (
+        f"{r.candidates:>5} {r.p:>4g} {r.q:>5g} {r.trials:>6} {b.accuracy:>6.3f} "
+        f"{r.bayes_reported_confidence:>7.4f} {b.mean_evaluations:>7.1f} {b.p95_evaluations:>5.0f} "
+        f"{b.mean_cost:>7.1f} {r.lower_bound.cost:>6.1f} {ratios['bayes_over_lower_bound']:>6.2f} "
+        f"{c.accuracy:>6.3f} {c.mean_cost:>6.1f} {ratios['bayes_over_classic']:>6.2f} "
+        f"{r.strategies['fixed_repeats'].accuracy:>6.3f}"
+    )
+
+
+GRID_HEADER = (
+    "    N    p     q trials  b.acc  b.conf  b.eval   p95  b.cost  lower  b/low  "
+    "c.acc c.cost  b/cls  fr.acc"
+)
+
+
+@click.command("simulate")
+@click.option("--candidates", "-n", type=int, default=512, show_default=True,
+              help="Commits in the range (hypotheses for the flip).")
+@click.option("--p", "p", type=float, default=0.5, show_default=True,
+              help="Chance that a bad-side lifetime shows the bug.")
+@click.option("--q", "q", type=float, default=0.01, show_default=True,
+              help="False-alarm chance of a good-side lifetime.")
+@click.option("--trials", type=int, default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--confidence", type=float, default=0.99, show_default=True)
+@click.option("--cost-new", type=float, default=10.0, show_default=True,
+              help="Cost of preparing a new candidate (download or build).")
+@click.option("--cost-lifetime", type=float, default=1.0, show_default=True,
+              help="Cost of one more lifetime.")
+@click.option("--repeats", type=int, default=7, show_default=True,
+              help="Lifetimes per candidate for the fixed_repeats baseline.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--grid", is_flag=True,
+              help="Run the target grid: p in 0.3,0.5,0.8,1 x q in 0,0.01 x N in 64,512,4096 "
+                   "(--trials for N <= 512, a third of it for N = 4096).")
+def simulate_command(
+    candidates: int,
+    p: float,
+    q: float,
+    trials: int,
+    as_json: bool,
+    confidence: float,
+    cost_new: float,
+    cost_lifetime: float,
+    repeats: int,
+    seed: int,
+    grid: bool,
+) -> None:
+    """Compare the Bayesian search with classic bisection and fixed repeats on simulated ranges."""
+    if not 0.5 <= confidence < 1:
+        raise UsageError("--confidence must be in [0.5, 1), e.g. 0.99")
+    if cost_new < 0 or cost_lifetime <= 0:
+        raise UsageError("--cost-lifetime must be > 0 and --cost-new >= 0")
+    costs = Costs(cost_new, cost_lifetime)
+    kwargs = {"confidence": confidence, "costs": costs, "repeats": repeats, "seed": seed}
+    if not grid:
+        result = simulate(candidates, p, q, trials, **kwargs)  # type: ignore[arg-type]
+        if as_json:
+            click.echo(json.dumps(result.to_dict() | {"ratios": result.ratios()}, indent=2))
+        else:
+            click.echo(format_result(result))
+        return
+    results = []
+    if not as_json:
+        click.echo(GRID_HEADER)
+    for n in GRID_N:
+        for gp in GRID_P:
+            for gq in GRID_Q:
+                cell_trials = trials if n <= 512 else max(1, trials // 3)
+                r = simulate(n, gp, gq, cell_trials, **kwargs)  # type: ignore[arg-type]
+                results.append(r.to_dict() | {"ratios": r.ratios()})
+                if not as_json:
+                    click.echo(grid_row(r))
+    if as_json:
+        click.echo(json.dumps({"cells": results}, indent=2))

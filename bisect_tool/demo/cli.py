@@ -1,6 +1,115 @@
+"""`bisect demo`: the whole pipeline on the built-in demo target, for real, with no GPU.
+
+Generates the demo repository (a vLLM-shaped history with one planted fix), then runs
+``bisect start --good v0.27.0 --bad v0.26.0`` with source builds of each candidate's C
+extension, the extension swapped into the pinned demollm stack, several server lifetimes per
+candidate and the server determinism probe; prints the report (or ``--json``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
 import click
+
+from bisect_tool.errors import UsageError
 
 
 @click.command("demo")
-def demo_command() -> None:
+@click.option("--workdir", type=click.Path(path_type=Path), default=None,
+              help="Keep the generated repository, cache and state here (default: a temp dir).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the report.")
+@click.option("--backend", type=click.Choice(["local"]), default="local", show_default=True,
+              help="Where lifetimes run.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the history.")
+@click.option("--commits", type=int, default=300, show_default=True)
+def demo_command(workdir: Path | None, as_json: bool, backend: str, seed: int, commits: int) -> None:
     """Run the whole pipeline on the built-in demo target (no GPU needed)."""
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="bisect-demo-") as tmp:
+            _run(Path(tmp), as_json, backend, seed, commits)
+    else:
+        _run(workdir, as_json, backend, seed, commits)
+
+
+def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) -> None:
+    from bisect_tool import cli as cli_mod
+    from bisect_tool import journal as journal_mod
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.demo import pinned
+    from bisect_tool.demo.history import generate
+
+    started = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    repo = workdir / "demo-repo"
+    if repo.exists():
+        raise UsageError(f"{repo} exists; give a new --workdir (the demo generates a fresh history)")
+    history = generate(repo, seed=seed, commits=commits)
+    click.echo(f"generated {repo} ({commits} commits); planted fix {history.planted_commit[:12]}",
+               err=True)
+    pinned.ensure_pinned_build()
+    # The bundled demo recipe leaves the pinned stack's location and the cache to run time: they
+    # depend on where bisect-tool is installed and on the work dir.
+    text = recipe_mod.find("demo").read_text()
+    text = re.sub(r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text)
+    text = re.sub(r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{workdir / "cache"}"', text, count=1)
+    recipe_path = workdir / "demo-recipe.toml"
+    recipe_path.write_text(text)
+    recipe_mod.load(str(recipe_path))  # validate before starting
+    state_dir = workdir / "state"
+    cli_mod.cli.main(
+        args=["start", "--good", history.good_tag, "--bad", history.bad_tag,
+              "--recipe", str(recipe_path), "--repo", str(repo), "--state-dir", str(state_dir),
+              "--backend", backend],
+        prog_name="bisect", standalone_mode=False,
+    )
+    wall = time.monotonic() - started
+    journal_path = state_dir / journal_mod.JOURNAL_NAME
+    contents = journal_mod.read(journal_path)
+    end = contents.end or {}
+    summary = end.get("summary", {})
+    observations = contents.observations
+    breakdown = _breakdown(observations, wall)
+    if as_json:
+        click.echo(json.dumps({
+            "repo": str(repo),
+            "flip_commit": summary.get("flip_commit"),
+            "planted_commit": history.planted_commit,
+            "confidence": summary.get("confidence"),
+            "evaluations": len({o["commit"] for o in observations}),
+            "lifetimes": len(observations),
+            "wall_s": round(wall, 2),
+            "state": end.get("state"),
+            "breakdown": breakdown,
+        }, indent=2))
+        return
+    click.echo(cli_mod.render_report(journal_path, "md"))
+    found = summary.get("flip_commit") == history.planted_commit
+    click.echo(f"\nplanted fix: {history.planted_commit} -> {'found' if found else 'NOT found'}")
+    click.echo(
+        "wall time {total_s:.1f}s: artifacts {artifacts_s:.1f}s, boots {boot_s:.1f}s, probes "
+        "{probe_s:.1f}s, teardown {teardown_s:.1f}s, search and the rest {other_s:.1f}s; "
+        "total / sum of lifetimes = {ratio:.2f}".format(**breakdown)
+    )
+
+
+def _breakdown(observations: list[dict[str, object]], wall: float) -> dict[str, float]:
+    sums = {"artifacts_s": 0.0, "boot_s": 0.0, "probe_s": 0.0, "teardown_s": 0.0}
+    lifetimes = 0.0
+    for o in observations:
+        detail = o.get("detail") or {}
+        timing = detail.get("timing", {}) if isinstance(detail, dict) else {}
+        for key in sums:
+            sums[key] += float(timing.get(key, 0.0))
+        lifetimes += float(o.get("duration_s") or 0.0)  # type: ignore[arg-type]
+    other = wall - sum(sums.values())
+    return {
+        "total_s": round(wall, 2),
+        **{k: round(v, 2) for k, v in sums.items()},
+        "other_s": round(other, 2),
+        "ratio": round(wall / lifetimes, 3) if lifetimes else 0.0,
+    }

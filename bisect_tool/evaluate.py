@@ -1,0 +1,386 @@
+"""Evaluators: one lifetime of one candidate -> one ``Observation``.
+
+They join the stages (artifacts -> runtime -> probe -> verdict) behind the small ``Evaluator``
+interface, so the loop in ``session`` never touches git worktrees, HTTP or Docker itself.
+An evaluator never raises for a candidate's own failure: that is an UNTESTABLE observation.
+Infrastructure failures (``InfrastructureError``) and aborts propagate: they are never verdicts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from bisect_tool.errors import AbortError, UntestableError
+from bisect_tool.interfaces import (
+    ArtifactProvider,
+    LifetimeSpec,
+    ProbeResult,
+    RuntimeBackend,
+    ServerHandle,
+    ServerProbe,
+    SwapSet,
+)
+from bisect_tool.values import Observation, Verdict
+
+Progress = Callable[[str], None]
+
+
+_WORKTREE_LOCK = "bisect-tool worktree of pid"
+
+
+def _lock_reason() -> str:
+    return f"{_WORKTREE_LOCK} {os.getpid()} on {socket.gethostname()}"
+
+
+def remove_stale_worktrees(repo_path: Path) -> int:
+    """Remove the worktrees a killed bisect left (SIGKILL skips ``worktree``'s cleanup).
+
+    Each worktree is locked with its owner's pid and host; one whose owner is gone is removed,
+    so ``resume`` after a crash leaves the user's ``git worktree list`` as it was.
+    """
+    proc = subprocess.run(
+        ["git", "-C", str(repo_path), "worktree", "list", "--porcelain"],
+        capture_output=True, text=True,
+    )
+    removed = 0
+    path = ""
+    for line in proc.stdout.splitlines():
+        if line.startswith("worktree "):
+            path = line[len("worktree "):]
+        elif line.startswith(f"locked {_WORKTREE_LOCK} "):
+            pid_text, _, host = line[len(f"locked {_WORKTREE_LOCK} "):].partition(" on ")
+            if host != socket.gethostname() or not pid_text.isdigit() or _alive(int(pid_text)):
+                continue
+            subprocess.run(
+                ["git", "-C", str(repo_path), "worktree", "remove", "--force", "--force", path],
+                capture_output=True,
+            )
+            parent = Path(path).parent
+            if parent.name.startswith("bisect-wt-"):
+                shutil.rmtree(parent, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def worktree(repo_path: Path, commit: str) -> Iterator[Path]:
+    """A detached git worktree of ``commit``, never the user's checkout; always removed.
+
+    Locked with this process's pid, so a later run can tell it was left by a killed one."""
+    parent = Path(tempfile.mkdtemp(prefix="bisect-wt-"))
+    path = parent / "src"
+    try:
+        subprocess.run(
+            ["git", "-C", str(repo_path), "worktree", "add", "--detach", "--quiet", "--lock",
+             "--reason", _lock_reason(), str(path), commit],
+            check=True,
+            capture_output=True,
+        )
+        yield path
+    finally:
+        subprocess.run(
+            ["git", "-C", str(repo_path), "worktree", "remove", "--force", "--force", str(path)],
+            capture_output=True,
+        )
+        shutil.rmtree(parent, ignore_errors=True)
+        subprocess.run(["git", "-C", str(repo_path), "worktree", "prune"], capture_output=True)
+
+
+class RunCommandEvaluator:
+    """``bisect start --run CMD``: the generic probe, with ``git bisect run`` exit codes.
+
+    0 = good (CLEAN), 125 = untestable, 1..127 otherwise = bad (DIVERGENT),
+    >= 128 (killed by a signal) or a timeout = abort the whole run.
+    """
+
+    def __init__(self, repo_path: Path, command: str, timeout_s: float = 0.0) -> None:
+        self.repo_path = repo_path
+        self.command = command
+        self.timeout_s = timeout_s or None
+        remove_stale_worktrees(repo_path)
+
+    def prepare(self, commits: Sequence[str]) -> None:
+        return None
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
+        started = time.monotonic()
+        with worktree(self.repo_path, commit) as path:
+            env = {**os.environ, "BISECT_COMMIT": commit, "BISECT_LIFETIME": lifetime_id}
+            proc = subprocess.Popen(
+                ["bash", "-c", self.command],
+                cwd=path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                out, _ = proc.communicate(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise AbortError(
+                    f"--run command timed out after {self.timeout_s:.0f}s at {commit[:12]}; "
+                    "raise --run-timeout or make the command exit 125 when it cannot decide"
+                ) from None
+            except BaseException:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise
+        code = proc.returncode
+        tail = "\n".join(out.decode(errors="replace").splitlines()[-20:])
+        elapsed = time.monotonic() - started
+        detail: dict[str, Any] = {"exit_code": code, "log_tail": tail}
+        if code == 0:
+            verdict = Verdict.CLEAN
+        elif code == 125:
+            verdict = Verdict.UNTESTABLE
+        elif 0 < code < 128:
+            verdict = Verdict.DIVERGENT
+        else:
+            raise AbortError(
+                f"--run command was killed (exit {code}) at {commit[:12]}; exit codes >= 128 "
+                "abort the bisect, like git bisect run"
+            )
+        return Observation(commit, verdict, lifetime_id, detail, f"exit {code}", elapsed)
+
+
+class _ArtifactEvaluator:
+    """Shared by the server and op evaluators: artifacts, gate, and UNTESTABLE on failure."""
+
+    def __init__(self, provider: ArtifactProvider, tags: Mapping[str, Sequence[str]]) -> None:
+        self.provider = provider
+        self.tags = tags
+        self._lock = threading.Lock()
+
+    def prepare(self, commits: Sequence[str]) -> None:
+        self.provider.prefetch(commits, {c: self.tags.get(c, ()) for c in commits})
+
+    def _swap(self, commit: str, tags: Sequence[str]) -> SwapSet:
+        return self.provider.get(commit, tags)
+
+
+class ServerEvaluator(_ArtifactEvaluator):
+    """Artifacts -> compatibility gate -> one fresh lifetime -> the server probe."""
+
+    def __init__(
+        self,
+        provider: ArtifactProvider,
+        backend: RuntimeBackend,
+        probe_factory: Callable[[bool], ServerProbe],
+        *,
+        session: str,
+        log_dir: Path,
+        tags: Mapping[str, Sequence[str]],
+        gpu_lease: Callable[[], AbstractContextManager[str | None]],
+    ) -> None:
+        super().__init__(provider, tags)
+        self.backend = backend
+        self.probe_factory = probe_factory
+        self.session = session
+        self.log_dir = log_dir
+        self.gpu_lease = gpu_lease
+        self._gated: set[str] = set()
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
+        started = time.monotonic()
+        try:
+            swap = self._swap(commit, tags or self.tags.get(commit, ()))
+            if commit not in self._gated:
+                self.backend.check_compatible(swap)
+                self._gated.add(commit)
+            artifacts_s = time.monotonic() - started
+            result = self.run_lifetime(swap, lifetime_id, {}, sequential=False)
+        except UntestableError as exc:
+            return Observation(
+                commit, Verdict.UNTESTABLE, lifetime_id, {}, str(exc), time.monotonic() - started
+            )
+        detail = dict(result.detail)
+        detail["timing"] = {**detail.get("timing", {}), "artifacts_s": round(artifacts_s, 3)}
+        return Observation(
+            commit, result.verdict, lifetime_id, detail, result.message,
+            time.monotonic() - started,
+        )
+
+    def boot(
+        self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str]
+    ) -> AbstractContextManager[ServerHandle]:
+        @contextmanager
+        def _boot() -> Iterator[ServerHandle]:
+            with self.gpu_lease() as gpu:
+                spec = LifetimeSpec(self.session, lifetime_id, swap, gpu, env, self.log_dir)
+                with self.backend.lifetime(spec) as server:
+                    yield server
+
+        return _boot()
+
+    def run_lifetime(
+        self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str], *, sequential: bool
+    ) -> ProbeResult:
+        started = time.monotonic()
+        with self.boot(swap, lifetime_id, env) as server:
+            booted = time.monotonic()
+            probe = self.probe_factory(sequential)
+            is_alive = getattr(server, "is_alive", None)
+            result = probe.run(server, is_alive)
+            probed = time.monotonic()
+            tail = server.log_tail(30)
+        detail = {
+            **result.detail,
+            "log_tail": tail,
+            "lifetime_id": lifetime_id,
+            "timing": {
+                "boot_s": round(booted - started, 3),
+                "probe_s": round(probed - booted, 3),
+                "teardown_s": round(time.monotonic() - probed, 3),
+            },
+        }
+        return ProbeResult(result.verdict, detail, result.message)
+
+
+class OpEvaluator(_ArtifactEvaluator):
+    """Artifacts -> the focused op probe on the candidate's extension (no server, no model)."""
+
+    def __init__(
+        self,
+        provider: ArtifactProvider,
+        op_probe: Any,
+        env: Mapping[str, str],
+        tags: Mapping[str, Sequence[str]],
+    ) -> None:
+        super().__init__(provider, tags)
+        self.op_probe = op_probe
+        self.env = dict(env)
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
+        started = time.monotonic()
+        try:
+            swap = self._swap(commit, tags or self.tags.get(commit, ()))
+        except UntestableError as exc:
+            return Observation(commit, Verdict.UNTESTABLE, lifetime_id, {}, str(exc))
+        path = next(iter(swap.files.values()))
+        result = self.op_probe.run_extension(path, self.env)
+        return Observation(
+            commit, result.verdict, lifetime_id, result.detail, result.message,
+            time.monotonic() - started,
+        )
+
+
+@contextmanager
+def build_evaluator(
+    recipe: Any,
+    repo_path: Path,
+    *,
+    session: str,
+    state_dir: Path,
+    tags: Mapping[str, Sequence[str]],
+    progress: Progress | None = None,
+) -> Iterator[tuple[Evaluator, int, Callable[[str], ControlsRunner | None]]]:
+    """The evaluator a recipe describes, with everything it opened closed on exit.
+
+    Yields (evaluator, how many lifetimes may run at once, a factory for the controls runner).
+    """
+    from bisect_tool.artifacts import make_provider
+    from bisect_tool.probes.op import OpProbe
+    from bisect_tool.probes.server import ServerDeterminismProbe
+    from bisect_tool.runtime import make_backend
+    from bisect_tool.runtime.gpus import GpuPool
+
+    log_dir = state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with make_provider(recipe.artifacts, repo_path, log_dir=log_dir, progress=progress) as provider:
+        if recipe.probe.kind == "op":
+            op = OpProbe(recipe.probe, python=recipe.runtime.python or None)
+            yield OpEvaluator(provider, op, recipe.runtime.env, tags), 1, lambda _sha: None
+            return
+        backend = make_backend(recipe.runtime, session=session, log_dir=log_dir)
+        try:
+            backend.cleanup_stale(session)  # type: ignore[call-arg]
+            pool = GpuPool(recipe.runtime.gpus)
+            model = recipe.runtime.model or None
+
+            def probe_factory(sequential: bool) -> ServerProbe:
+                return ServerDeterminismProbe(recipe.probe, model=model, sequential=sequential)
+
+            evaluator = ServerEvaluator(
+                provider,
+                backend,
+                probe_factory,
+                session=session,
+                log_dir=log_dir,
+                tags=tags,
+                gpu_lease=pool.lease,
+            )
+
+            def controls_for(commit: str) -> ControlsRunner:
+                return ControlsRunner(evaluator, commit, recipe.probe.invariance_env, tags)
+
+            yield evaluator, pool.size, controls_for
+        finally:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+
+
+class ControlsRunner:
+    """The positive and negative controls on one candidate (the good end by default)."""
+
+    def __init__(
+        self,
+        evaluator: ServerEvaluator,
+        commit: str,
+        invariance_env: str,
+        tags: Mapping[str, Sequence[str]],
+        attempts: int = 3,
+    ) -> None:
+        self.evaluator = evaluator
+        self.commit = commit
+        self.invariance_env = invariance_env
+        self.tags = tags
+        self.attempts = attempts
+
+    def run(self) -> dict[str, Any]:
+        """Up to ``attempts`` lifetimes until the positive control diverges (it may be
+        intermittent too), each also running the sequential negative control."""
+        from bisect_tool.probes.controls import run_controls
+
+        swap = self.evaluator._swap(self.commit, self.tags.get(self.commit, ()))
+        result = None
+        for attempt in range(self.attempts):
+            lid = f"control-{self.commit[:12]}-{attempt}"
+
+            def boot(env: Mapping[str, str], lid: str = lid) -> AbstractContextManager[ServerHandle]:
+                return self.evaluator.boot(swap, lid, env)
+
+            result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env)
+            if result.positive_ok:
+                break
+        assert result is not None
+        return {
+            "type": "controls",
+            "commit": self.commit,
+            "ok": result.ok,
+            "problem": result.problem,
+            **result.to_detail(),
+        }

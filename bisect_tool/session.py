@@ -1,0 +1,326 @@
+"""The loop that wires range, strategy, evaluator and journal. It never calls git, HTTP or
+Docker itself: evaluators do, behind ``bisect_tool.interfaces.Evaluator``.
+
+State is the journal: ``replay`` rebuilds the strategy from it, so ``resume`` after a crash (even
+SIGKILL) continues where it stopped, losing nothing and counting nothing twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bisect_tool import __version__
+from bisect_tool.interfaces import Evaluator
+from bisect_tool.journal import JOURNAL_VERSION, Journal, JournalContents
+from bisect_tool.range import Candidate, CommitRange
+from bisect_tool.recipe import SearchSettings
+from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
+from bisect_tool.values import Direction, Observation, Verdict
+
+Progress = Callable[[str], None]
+
+DONE = "done"
+RUNNING = "running"
+BAD_END_NEVER = "bad_end_never_reproduced"
+BUDGET = "budget_exhausted"
+NO_CANDIDATE = "no_candidate_left"
+END_UNTESTABLE = "end_untestable"
+CONTROLS_FAILED = "controls_failed"
+
+#: consecutive INCONCLUSIVE lifetimes after which a candidate counts as untestable
+MAX_INCONCLUSIVE_STREAK = 4
+
+
+def header_for(
+    commit_range: CommitRange,
+    *,
+    session: str | None = None,
+    recipe: dict[str, Any] | None = None,
+    command: Sequence[str] = (),
+    repo: Path | None = None,
+    mode: str = "manual",
+) -> dict[str, Any]:
+    return {
+        "type": "header",
+        "version": JOURNAL_VERSION,
+        "session": session or uuid.uuid4().hex[:12],
+        "repo": str(repo) if repo else "",
+        "good_ref": commit_range.good_ref,
+        "bad_ref": commit_range.bad_ref,
+        "good": commit_range.good,
+        "bad": commit_range.bad,
+        "direction": str(commit_range.direction),
+        "paths": list(commit_range.paths),
+        "candidates": [c.to_dict() for c in commit_range.candidates],
+        "recipe": recipe or {},
+        "mode": mode,
+        "tool_version": __version__,
+        "command": list(command),
+    }
+
+
+def search_settings(header: dict[str, Any]) -> SearchSettings:
+    raw = (header.get("recipe") or {}).get("search") or {}
+    known = {f.name for f in dataclasses.fields(SearchSettings)}
+    return SearchSettings(**{k: v for k, v in raw.items() if k in known})
+
+
+@dataclass
+class State:
+    """The search rebuilt from a journal."""
+
+    header: dict[str, Any]
+    candidates: tuple[Candidate, ...]
+    strategy: BayesianStrategy
+    settings: SearchSettings
+    lifetimes_by_commit: dict[str, int]
+    seen_lifetimes: set[str]
+    end: dict[str, Any] | None = None
+    controls: dict[str, Any] | None = None
+    inconclusive_streak: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def direction(self) -> Direction:
+        return Direction(self.header["direction"])
+
+    def apply(self, entry: dict[str, Any]) -> None:
+        kind = entry.get("type")
+        if kind == "observation":
+            lid = entry.get("lifetime_id", "")
+            if lid and lid in self.seen_lifetimes:
+                return  # idempotent: a retried lifetime is not counted twice
+            self.seen_lifetimes.add(lid)
+            pos = int(entry["position"])
+            commit = entry["commit"]
+            self.lifetimes_by_commit[commit] = self.lifetimes_by_commit.get(commit, 0) + 1
+            verdict = Verdict(entry["verdict"])
+            if verdict is Verdict.INCONCLUSIVE:
+                # No evidence either way; but a candidate where the probe can never decide
+                # (e.g. the target batch never forms) must not be retried forever.
+                streak = self.inconclusive_streak.get(pos, 0) + 1
+                self.inconclusive_streak[pos] = streak
+                if streak >= MAX_INCONCLUSIVE_STREAK:
+                    self.strategy.mark_untestable(pos)
+                return
+            self.inconclusive_streak[pos] = 0
+            if verdict is Verdict.DIVERGENT:
+                self.strategy.record(pos, True)
+            elif verdict is Verdict.CLEAN:
+                self.strategy.record(pos, False)
+            elif verdict is Verdict.UNTESTABLE:
+                self.strategy.mark_untestable(pos)
+            # INCONCLUSIVE: the lifetime ran but could not tell; it is no evidence either way
+        elif kind == "untestable":
+            self.strategy.mark_untestable(int(entry["position"]))
+        elif kind == "controls":
+            self.controls = entry
+        elif kind == "end":
+            self.end = entry
+
+    def next_lifetime_ids(self, commit: str, count: int = 1) -> list[str]:
+        """Stable ids ``<sha12>-<n>``: a resumed run never reuses one already journaled."""
+        ids: list[str] = []
+        n = self.lifetimes_by_commit.get(commit, 0)
+        while len(ids) < count:
+            lid = f"{commit[:12]}-{n}"
+            n += 1
+            if lid not in self.seen_lifetimes:
+                ids.append(lid)
+        return ids
+
+    def summary(self) -> dict[str, Any]:
+        s = self.strategy.summary()
+        block = [self.candidates[f].sha for f in s.block]
+        post = self.strategy.posterior()
+        return {
+            "state": self.end["state"] if self.end else RUNNING,
+            "direction": str(self.direction),
+            "flip_commit": block[0] if len(block) == 1 else None,
+            "flip_block": block,
+            "confidence": s.confidence,
+            "credible_set": [self.candidates[f].sha for f in s.credible_set],
+            "evaluations": s.evaluations,
+            "candidates_tested": s.candidates_tested,
+            "candidates": len(self.candidates),
+            "p_estimate": s.p_median,
+            "p_interval": list(s.p_interval),
+            "q_estimate": s.q_median,
+            "q_interval": list(s.q_interval),
+            "posterior": [0.0, *(float(x) for x in post)],
+            "message": (self.end or {}).get("message", ""),
+        }
+
+
+def replay(contents: JournalContents) -> State:
+    header = contents.header
+    candidates = tuple(Candidate.from_dict(c) for c in header["candidates"])
+    settings = search_settings(header)
+    strategy = BayesianStrategy(
+        len(candidates),
+        Direction(header["direction"]),
+        costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
+        confidence=settings.confidence,
+    )
+    state = State(header, candidates, strategy, settings, {}, set())
+    for entry in contents.entries:
+        state.apply(entry)
+    return state
+
+
+def observation_entry(obs: Observation, position: int) -> dict[str, Any]:
+    return {
+        "type": "observation",
+        "lifetime_id": obs.lifetime_id,
+        "commit": obs.commit,
+        "position": position,
+        "verdict": str(obs.verdict),
+        "detail": obs.detail,
+        "message": obs.message,
+        "duration_s": round(obs.duration_s, 3),
+    }
+
+
+def stop_reason(state: State) -> tuple[str, str] | None:
+    """Why the search should stop now, if it should."""
+    s, settings = state.strategy, state.settings
+    bad, good = s.bad_end, s.good_end
+    counts = s.counts
+    for end, name in ((bad, "bad"), (good, "good")):
+        if end in counts.untestable:
+            return END_UNTESTABLE, (
+                f"the {name} end {state.candidates[end].sha[:12]} is untestable; pick another "
+                f"--{name} commit"
+            )
+    if counts.divergent[bad] == 0 and counts.total[bad] >= settings.max_end_lifetimes:
+        return BAD_END_NEVER, (
+            f"the bad end {state.candidates[bad].sha[:12]} never showed the bug in "
+            f"{counts.total[bad]} lifetimes: nothing to bisect (check the recipe, or raise "
+            "max_end_lifetimes)"
+        )
+    if counts.total[bad] and counts.divergent[bad] and counts.total[good] and s.done():
+        return DONE, "the flip holds the asked confidence"
+    if len(state.seen_lifetimes) >= settings.max_evaluations:
+        return BUDGET, f"budget of {settings.max_evaluations} lifetimes exhausted"
+    return None
+
+
+class Loop:
+    """Runs the search to the end, appending each observation before the next step."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        state: State,
+        evaluator: Evaluator,
+        *,
+        parallel: int = 1,
+        progress: Progress | None = None,
+    ) -> None:
+        self.journal = journal
+        self.state = state
+        self.evaluator = evaluator
+        self.parallel = max(1, parallel)
+        self.progress = progress or (lambda _msg: None)
+
+    def _record(self, obs: Observation, position: int) -> None:
+        entry = self.journal.append(observation_entry(obs, position))
+        self.state.apply(entry)
+
+    def _prefetch_hint(self, position: int) -> None:
+        """The two possible next midpoints (mozregression's trick): fetch while testing."""
+        post = self.state.strategy.posterior()
+        left = post[:position].sum() if position else 0.0
+        hints = []
+        for target in (left / 2, left + (1 - left) / 2):
+            import numpy as np
+
+            f = int(np.searchsorted(np.cumsum(post), target)) + 1
+            for p in (f - 1, f):
+                if 0 <= p < len(self.state.candidates) and p != position:
+                    hints.append(self.state.candidates[p].sha)
+        if hints:
+            self.evaluator.prepare(sorted(set(hints)))
+
+    def run(self) -> dict[str, Any]:
+        state = self.state
+        while True:
+            reason = stop_reason(state)
+            if reason is not None:
+                return self._end(*reason)
+            try:
+                choice = state.strategy.select()
+            except NoCandidateLeft as exc:
+                return self._end(NO_CANDIDATE, str(exc))
+            candidate = state.candidates[choice.position]
+            count = min(max(choice.lifetimes, 1), self.parallel)
+            self._prefetch_hint(choice.position)
+            ids = state.next_lifetime_ids(candidate.sha, count)
+            self._report_progress(choice.position, choice.reason, len(ids))
+            if len(ids) == 1:
+                self._record(self.evaluator.evaluate(candidate.sha, ids[0], candidate.tags), choice.position)
+            else:
+                with ThreadPoolExecutor(max_workers=len(ids)) as pool:
+                    futures = [
+                        pool.submit(self.evaluator.evaluate, candidate.sha, lid, candidate.tags)
+                        for lid in ids
+                    ]
+                    for fut in futures:
+                        self._record(fut.result(), choice.position)
+
+    def _report_progress(self, position: int, reason: str, lifetimes: int) -> None:
+        s = self.state.strategy
+        block, mass = s.top_block()
+        left = len(self.state.strategy.credible_set(0.99))
+        c = self.state.candidates[position]
+        self.progress(
+            f"[{int(s.counts.total.sum())} lifetimes, {left} candidates left, top "
+            f"{mass:.1%} at {self.state.candidates[block[0]].sha[:12]}] {reason}: "
+            f"{c.sha[:12]} {c.subject[:60]} x{lifetimes}"
+        )
+
+    def _end(self, state_name: str, message: str) -> dict[str, Any]:
+        return finish(self.journal, self.state, state_name, message)
+
+
+def finish(journal: Journal, state: State, state_name: str, message: str) -> dict[str, Any]:
+    """Journal the ``end`` entry (so `status` reports the outcome and a new `start` is allowed)
+    and return the summary at that point."""
+    summary = state.summary()
+    summary["state"] = state_name
+    summary["message"] = message
+    slim = {k: v for k, v in summary.items() if k != "posterior"}
+    entry = journal.append({"type": "end", "state": state_name, "message": message, "summary": slim})
+    state.apply(entry)
+    return summary
+
+
+def record_manual(
+    journal: Journal, state: State, commit: str, verdict: Verdict, message: str = "manual"
+) -> None:
+    """``bisect good|bad|skip``: one observation given by hand."""
+    position = next((i for i, c in enumerate(state.candidates) if c.sha == commit), None)
+    if position is None:
+        from bisect_tool.errors import UsageError
+
+        raise UsageError(f"{commit[:12]} is not a candidate of this bisect; see `bisect log`")
+    obs = Observation(
+        commit, verdict, state.next_lifetime_ids(commit)[0], {"manual": True}, message
+    )
+    entry = journal.append(observation_entry(obs, position))
+    state.apply(entry)
+
+
+def next_manual_candidate(state: State) -> Candidate | None:
+    reason = stop_reason(state)
+    if reason is not None and reason[0] != BAD_END_NEVER:
+        return None
+    try:
+        return state.candidates[state.strategy.select().position]
+    except NoCandidateLeft:
+        return None

@@ -1,0 +1,462 @@
+"""`bisect report`: a real journal in, Markdown/JSON/plot out, checked the way a reader would.
+
+The journal is written with the real ``Journal``; lifetime details come from the server probe's
+own pure functions (``compare_repeats`` + ``decide``), so the report is read against the key
+names the probe really writes. The Markdown is parsed with markdown-it (CommonMark + tables).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from markdown_it import MarkdownIt
+
+from bisect_tool import journal
+from bisect_tool.errors import StateError
+from bisect_tool.interfaces import ProbeResult
+from bisect_tool.journal import Journal, JournalContents
+from bisect_tool.probes.compare import Sample, compare_repeats
+from bisect_tool.probes.controls import ControlsResult
+from bisect_tool.probes.op import op_verdict, summarize_cases
+from bisect_tool.probes.server import decide
+from bisect_tool.report import (
+    SearchState,
+    build_report,
+    plot_posterior,
+    render_json,
+    render_markdown,
+    text_plot,
+)
+from bisect_tool.values import Verdict
+
+REPO = "https://github.com/vllm-project/vllm"
+TARGET = 44
+FIX_PR = 48391
+FIX_SUBJECT = (
+    "[Bugfix][Kernel] Fix batch invariance in RMSNorm kernels by pinning block size (#48391)"
+)
+
+
+def sha(i: int) -> str:
+    return hashlib.sha1(f"commit-{i}".encode()).hexdigest()
+
+
+SUBJECTS = [
+    "[Release] v0.26.0",
+    "[Kernel] Vectorise fused_add_rms_norm loads (#47001)",
+    "[CI] Bump CUDA to 13.0 (#47120)",
+    "[Build] Split _C_stable_libtorch sources (#47333)",
+    "[Perf] Tune layernorm launch bounds (#47510)",
+    "[Kernel] Add weight-less rms_norm schema (#47802)",
+    FIX_SUBJECT,
+    "[Misc] Fix typo in cmake message (#48520)",
+    "[Kernel] Faster topk_softmax (#48777)",
+    "[Release] v0.27.0",
+]
+FLIP = 6  # the first good commit (direction: fix; the old end, index 0, is bad)
+UNTESTABLE = 5
+
+
+def sample(shift: float) -> Sample:
+    return Sample(
+        token_ids=(11, 12, 13),
+        logprobs=(-0.5 + shift, -1.25, -0.75),
+        top=(((11, -0.5 + shift), (7, -2.0)), ((12, -1.25),), ((13, -0.75),)),
+    )
+
+
+def server_result(lifetime_id: str, distinct: int, peaks: Sequence[int | None]) -> ProbeResult:
+    """One lifetime as the server probe reports it: ``distinct`` outputs over 5 repeats."""
+    repeats = [[sample(1e-3 * (k % distinct)), sample(0.0)] for k in range(5)]
+    comparison = compare_repeats(repeats)
+    detail: dict[str, Any] = {
+        "url": "http://127.0.0.1:41234", "lifetime_id": lifetime_id, "mode": "concurrent",
+        "requests": 31, "fillers": 13, "prompt_tokens_total": 1496, "max_tokens": 24,
+        "logprobs": 5, "jitter_ms": 40.0, "target_coresidency": TARGET, "redone_repeats": 0,
+        "redo_reasons": [], "model": "Qwen/Qwen3-0.6B", "priming_coresidency": peaks[0],
+    }
+    detail.update(comparison.to_detail())
+    known = [p for p in peaks if p is not None]
+    detail["coresidency_per_repeat"] = list(peaks)
+    detail["max_coresidency"] = max(known, default=None)
+    detail["target_reached_repeats"] = sum(1 for p in known if p >= TARGET)
+    detail["metrics_samples"] = 120
+    verdict, message = decide(comparison, peaks, TARGET)
+    return ProbeResult(verdict, detail, message)
+
+
+FULL = [44] * 5
+# (candidate index, lifetime number, distinct outputs, peaks per repeat)
+LIFETIMES = [
+    (0, 1, 3, FULL), (0, 2, 1, FULL), (0, 3, 2, FULL),  # the bad end: 2 of 3 diverge
+    (9, 1, 1, FULL), (9, 2, 1, FULL),  # the good end
+    (4, 1, 1, FULL), (4, 2, 4, FULL),
+    (7, 1, 1, FULL), (7, 2, 1, [44, 44, 36, 44, 44]),  # the batch never formed once
+    (6, 1, 1, FULL), (6, 2, 1, FULL), (6, 3, 1, FULL),
+]
+
+
+def expected_rows() -> dict[int, dict[str, Any]]:
+    """What a reader counts by hand from LIFETIMES (independent of the report code)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for index, _, distinct, peaks in LIFETIMES:
+        r = rows.setdefault(index, {"lifetimes": 0, "divergent": 0, "distinct": 1, "verdicts": []})
+        r["lifetimes"] += 1
+        r["divergent"] += distinct > 1
+        r["distinct"] = max(r["distinct"], distinct)
+        r["verdicts"].append("divergent" if distinct > 1 else
+                             "clean" if min(peaks) >= TARGET else "inconclusive")
+    for r in rows.values():
+        r["verdict"] = ("DIVERGENT" if r["divergent"] else
+                        "CLEAN" if set(r["verdicts"]) == {"clean"} else "INCONCLUSIVE")
+    rows[2] = {"lifetimes": 1, "divergent": 0, "distinct": None, "verdict": "INCONCLUSIVE"}
+    rows[UNTESTABLE] = {"lifetimes": 0, "divergent": 0, "distinct": None, "verdict": "UNTESTABLE"}
+    return rows
+
+
+def write_journal(path: Path) -> None:
+    with Journal(path) as j:
+        j.append({
+            "type": "header", "version": journal.JOURNAL_VERSION, "session": "s-1234",
+            "repo": "/src/vllm", "good_ref": "v0.27.0", "bad_ref": "v0.26.0",
+            "good": sha(9), "bad": sha(0), "direction": "fix",
+            "candidates": [
+                {"sha": sha(i), "subject": s, "pr": None, "tags": []}
+                for i, s in enumerate(SUBJECTS)
+            ],
+            "recipe": {
+                "name": "batch-invariance",
+                "runtime": {"model": "Qwen/Qwen3-0.6B", "weights": "random",
+                            "env": {"VLLM_BATCH_INVARIANT": "1"},
+                            "server_args": ["--enforce-eager", "--max-num-seqs", "64"]},
+                "artifacts": {"swap_set": ["vllm/_C_stable_libtorch.abi3.so"]},
+                "probe": {"kind": "server", "requests": 31, "fillers": 13, "repeats": 5,
+                          "jitter_ms": 40.0, "target_coresidency": TARGET},
+            },
+            "tool_version": "0.1.0",
+            "command": ["bisect", "start", "--good", "v0.27.0", "--bad", "v0.26.0",
+                        "--recipe", "batch-invariance", "--env", "A=has space"],
+            "started": 1_700_000_000.0,
+        })
+        j.append({"type": "environment", "gpu": "NVIDIA H200", "driver": "570.86.15",
+                  "python": "3.12.3", "versions": {"torch": "2.11.0+cu130", "vllm": "0.26.0"}})
+        pos = server_result("controls-pos", 3, FULL)
+        neg = server_result("controls-neg", 1, [1] * 5)
+        neg = ProbeResult(Verdict.CLEAN, {**neg.detail, "mode": "sequential"}, "5 repeats "
+                          "bitwise identical (sequential)")
+        j.append({"type": "controls", **ControlsResult(pos, neg).to_detail()})
+        for index, n, distinct, peaks in LIFETIMES:
+            lid = f"{sha(index)[:12]}-{n}"
+            result = server_result(lid, distinct, peaks)
+            entry = {"type": "observation", "lifetime_id": lid, "commit": sha(index),
+                     "position": index, "verdict": result.verdict.value,
+                     "detail": result.detail, "message": result.message, "duration_s": 61.5}
+            j.append(entry)
+            if (index, n) == (4, 2):
+                j.append(entry)  # a retried task: the same lifetime id must count once
+        j.append({"type": "untestable", "commit": sha(UNTESTABLE), "position": UNTESTABLE,
+                  "message": "no wheel for this commit and the source build failed: nvcc error"})
+        # The generic `--run` probe: no server keys, a log tail in the detail.
+        j.append({"type": "observation", "lifetime_id": f"{sha(2)[:12]}-1", "commit": sha(2),
+                  "position": 2, "verdict": "inconclusive", "duration_s": 3.0,
+                  "detail": {"returncode": 125, "log_tail": "step 1\n```\nTraceback: boom"},
+                  "message": "script exited 125 (skip)"})
+        j.append({"type": "end", "state": "budget_exhausted", "summary": {"evaluations": 13},
+                  "message": "max_evaluations (13) reached"})
+
+
+def posterior() -> tuple[float, ...]:
+    post = [0.0] * len(SUBJECTS)
+    post[FLIP], post[7], post[8], post[9] = 0.993, 0.004, 0.002, 0.001
+    return tuple(post)
+
+
+STATE = SearchState(
+    state="done", direction="fix", flip_block=(sha(FLIP),), confidence=0.993,
+    credible_set=(sha(FLIP),), p_median=0.55, p_interval=(0.31, 0.78), q_median=0.02,
+    q_interval=(0.0, 0.09), evaluations=13, candidates_tested=6, posterior=posterior(),
+)
+
+
+@pytest.fixture(scope="module")
+def contents(tmp_path_factory: pytest.TempPathFactory) -> JournalContents:
+    path = tmp_path_factory.mktemp("session") / journal.JOURNAL_NAME
+    write_journal(path)
+    return journal.read(path)
+
+
+def parse(md: str) -> list[Any]:
+    return MarkdownIt("commonmark").enable("table").parse(md)
+
+
+def table_rows(md: str) -> list[list[tuple[str, list[str]]]]:
+    """Body rows of the first table: each cell as (text, link hrefs)."""
+    rows: list[list[tuple[str, list[str]]]] = []
+    in_body = False
+    for tok in parse(md):
+        if tok.type == "tbody_open":
+            in_body = True
+        elif tok.type == "tbody_close":
+            break
+        elif in_body and tok.type == "tr_open":
+            rows.append([])
+        elif in_body and tok.type == "inline":
+            hrefs = [str(c.attrGet("href")) for c in tok.children or [] if c.type == "link_open"]
+            text = "".join(c.content for c in tok.children or [] if c.type in ("text",
+                                                                            "code_inline"))
+            rows[-1].append((text, hrefs))
+    return rows
+
+
+def links(md: str) -> list[str]:
+    return [str(c.attrGet("href")) for t in parse(md) if t.type == "inline"
+            for c in t.children or [] if c.type == "link_open"]
+
+
+def first_paragraph(md: str) -> str:
+    html = MarkdownIt("commonmark").enable("table").render(md)
+    start = html.index("<p>")
+    return html[start: html.index("</p>", start)]
+
+
+def test_table_has_one_row_per_tested_candidate_with_the_journals_counts(
+    contents: JournalContents,
+) -> None:
+    md = render_markdown(build_report(contents, STATE))
+    rows = table_rows(md)
+    expected = expected_rows()
+    assert [int(r[0][0].split()[0]) for r in rows] == sorted(expected)  # history order
+    for row in rows:
+        index = int(row[0][0].split()[0])
+        want = expected[index]
+        commit_text, commit_links = row[1]
+        assert commit_text == sha(index)[:7]
+        assert commit_links == [f"{REPO}/commit/{sha(index)}"]
+        assert int(row[3][0]) == want["lifetimes"], index
+        assert int(row[4][0]) == want["divergent"], index
+        assert row[8][0] == want["verdict"], index
+        if want["distinct"] is None:
+            assert row[5][0] == "-"
+        else:
+            assert row[5][0] == f"{want['distinct']}/5"
+    by_index = {int(r[0][0].split()[0]): r for r in rows}
+    assert "bad end" in by_index[0][0][0] and "good end" in by_index[9][0][0]
+    assert by_index[FLIP][2][1] == [f"{REPO}/pull/{FIX_PR}"]
+    assert by_index[0][2] == ("-", [])  # the release commit has no PR
+    assert by_index[FLIP][7][0] == f"{TARGET}/{TARGET}"
+    assert by_index[7][7][0] == f"36–{TARGET}/{TARGET}"  # one repeat never formed the batch
+    assert by_index[0][6][0] != "-" and float(by_index[0][6][0]) == pytest.approx(2e-3)
+    assert by_index[FLIP][6][0] == "0"  # clean lifetimes: no delta at all
+
+
+def test_answer_line_links_the_flip_commit_and_its_pr(contents: JournalContents) -> None:
+    md = render_markdown(build_report(contents, STATE))
+    first = first_paragraph(md)
+    assert first.startswith("<p><strong>First good commit</strong> (fix)")
+    assert f'href="{REPO}/commit/{sha(FLIP)}"' in first
+    assert f'href="{REPO}/pull/{FIX_PR}"' in first
+    # The subject's brackets stay literal text, and the PR is not repeated in the subject.
+    assert "[Bugfix][Kernel] Fix batch invariance in RMSNorm kernels by pinning block size (" \
+        in first
+    assert "(#48391)" not in first.replace(f">#{FIX_PR}<", "")
+    assert "confidence 99.3%" in first
+    assert "credible set (90%): 1 commit," in first
+    assert "estimated p = 0.55 [0.31, 0.78]" in first
+
+
+def test_setup_section_shows_environment_recipe_range_and_controls(
+    contents: JournalContents,
+) -> None:
+    md = render_markdown(build_report(contents, STATE))
+    setup = md[md.index("### Setup"): md.index("### Tested candidates")]
+    for fact in ("NVIDIA H200", "570.86.15", "2.11.0+cu130", "3.12.3", "batch-invariance",
+                 "VLLM_BATCH_INVARIANT=1", "--max-num-seqs 64", "_C_stable_libtorch.abi3.so",
+                 "v0.26.0", "v0.27.0", "10 candidates", "0.1.0"):
+        assert fact in setup, fact
+    assert f"{REPO}/compare/{sha(0)}...{sha(9)}" in links(md)
+    assert "Positive control (invariance off, concurrent): **DIVERGENT**" in setup
+    assert "Negative control (one request at a time): **CLEAN**" in setup
+    assert "[!WARNING]" not in md
+
+
+def test_json_has_the_same_numbers_as_the_markdown(contents: JournalContents) -> None:
+    report = build_report(contents, STATE)
+    data = json.loads(render_json(report))
+    assert data == json.loads(json.dumps(report))  # nothing lost or stringified
+    rows = table_rows(render_markdown(report))
+    assert len(rows) == len(data["tested"])
+    for row, t in zip(rows, data["tested"], strict=True):
+        assert int(row[0][0].split()[0]) == t["index"]
+        assert (int(row[3][0]), int(row[4][0]), row[8][0]) == (
+            t["lifetimes"], t["divergent"], t["verdict"])
+    a = data["answer"]
+    assert a["flip_block"][0]["sha"] == sha(FLIP) and a["flip_block"][0]["pr"] == FIX_PR
+    assert (a["confidence"], a["p_median"], a["p_interval"]) == (0.993, 0.55, [0.31, 0.78])
+    assert data["posterior"] == list(posterior())
+    assert data["controls"]["positive"]["verdict"] == "DIVERGENT"
+    assert data["environment"]["versions.torch"] == "2.11.0+cu130"
+    assert len(data["lifetimes"]) == len(LIFETIMES) + 1  # the repeated lifetime id counted once
+
+
+def test_long_parts_are_folded_into_details(contents: JournalContents) -> None:
+    md = render_markdown(build_report(contents, STATE))
+    blocks = [t for t in parse(md) if t.type == "html_block" and "<details>" in t.content]
+    assert len(blocks) == len(expected_rows()) + 2  # one per candidate, command, posterior
+    first_screen = md[: md.index("### Details")]
+    assert "Log tail" not in first_screen and "```" not in first_screen
+    # The lifetime tables come from the probe's own renderer.
+    assert "| distinct outputs / repeats | 3 / 5 |" in md
+    assert "no wheel for this commit and the source build failed" in md
+    # A log tail holding ``` gets a longer fence, so it cannot end the code block early.
+    fences = [t for t in parse(md) if t.type == "fence" and t.info == "text"]
+    assert any("Traceback: boom" in t.content and "```" in t.content for t in fences)
+    command = [t.content for t in parse(md) if t.type == "fence" and t.info == "sh"]
+    assert command == ["bisect start --good v0.27.0 --bad v0.26.0 --recipe batch-invariance "
+                       "--env 'A=has space'\n"]
+
+
+def test_block_answer_lists_every_commit_like_git(contents: JournalContents) -> None:
+    block = (sha(5), sha(6), sha(7))
+    state = replace(STATE, flip_block=block, credible_set=block, confidence=0.991)
+    md = render_markdown(build_report(contents, state))
+    head = md[: md.index("### Setup")]
+    assert "could be any of these 3 commits" in head
+    assert "confidence 99.1%" in head
+    tokens = MarkdownIt("commonmark").parse(head)
+    items = [t for t in tokens if t.type == "list_item_open"]
+    assert len(items) == 3
+    for i in (5, 6, 7):
+        assert f"{REPO}/commit/{sha(i)}" in links(head)
+    assert f"{REPO}/pull/{FIX_PR}" in links(head)
+
+
+@pytest.mark.parametrize(
+    ("state", "phrase"),
+    [
+        ("budget_exhausted", "Inconclusive: budget exhausted"),
+        ("no_candidate_left", "Inconclusive: no testable candidate left"),
+        ("bad_end_never_reproduced", "never showed the bug in 3 lifetimes"),
+        ("controls_failed", "CLEAN results are not trusted"),
+        ("aborted", "Aborted"),
+        ("running", "Still running"),
+    ],
+)
+def test_not_done_states_say_so_first(
+    contents: JournalContents, state: str, phrase: str
+) -> None:
+    top3 = (sha(6), sha(7), sha(8))
+    md = render_markdown(build_report(
+        contents, replace(STATE, state=state, confidence=0.6, credible_set=top3)))
+    first = first_paragraph(md)
+    assert phrase in first
+    assert not first.startswith("<p><strong>First good commit")
+    if state in ("budget_exhausted", "no_candidate_left"):
+        assert "the 90% credible set is" in first
+        assert all(f"{REPO}/commit/{s}" in first for s in top3)
+    if state == "bad_end_never_reproduced":
+        assert "v0.26.0" in first  # names the bad end as the user typed it
+    if state == "budget_exhausted":
+        assert "max_evaluations (13) reached" in first  # the journal's end message says why
+
+
+def test_failed_positive_control_warns(tmp_path: Path, contents: JournalContents) -> None:
+    path = tmp_path / journal.JOURNAL_NAME
+    with Journal(path) as j:
+        j.append(contents.header)
+        failed = ControlsResult(server_result("p", 1, FULL), server_result("n", 1, FULL))
+        j.append({"type": "controls", **failed.to_detail()})
+    report = build_report(journal.read(path), replace(STATE, state="controls_failed"))
+    md = render_markdown(report)
+    assert "Positive control (invariance off, concurrent): **CLEAN**" in md
+    assert "[!WARNING]" in md
+    assert "No candidate was tested." in md
+    assert "positive control (invariance off) was clean" in first_paragraph(md)
+
+
+def test_plot_png_is_written_and_referenced(tmp_path: Path, contents: JournalContents) -> None:
+    report = build_report(contents, STATE)
+    out = plot_posterior(report, tmp_path / "plots" / "posterior.png")
+    assert out == tmp_path / "plots" / "posterior.png"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.image import imread
+
+    assert imread(str(out)).shape[:2] == (450, 1000)
+    md = render_markdown(report, plot=out)
+    images = [c for t in parse(md) if t.type == "inline" for c in t.children or []
+              if c.type == "image"]
+    assert [i.attrGet("src") for i in images] == [out.as_posix()]
+    assert "posterior |" not in md
+
+
+def test_without_matplotlib_the_text_plot_is_used(
+    tmp_path: Path, contents: JournalContents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    report = build_report(contents, STATE)
+    assert plot_posterior(report, tmp_path / "p.png") is None
+    assert not (tmp_path / "p.png").exists()
+    md = render_markdown(report)
+    fences = [t.content for t in parse(md) if t.type == "fence" and t.info == "text"]
+    assert any(f.startswith("posterior |") for f in fences)
+
+
+def test_text_plot_marks_the_mass_and_what_was_tested(contents: JournalContents) -> None:
+    plot = text_plot(build_report(contents, STATE))
+    lines = plot.splitlines()
+    spark = lines[0][lines[0].index("|") + 1: lines[0].rindex("|")]
+    marks = lines[1][lines[1].index("|") + 1: lines[1].rindex("|")]
+    assert len(spark) == len(marks) == len(SUBJECTS)
+    assert spark[FLIP] == "@" and spark[0] == " "
+    assert marks[0] == "X" and marks[4] == "X" and marks[FLIP] == "o"
+    assert marks[UNTESTABLE] == "u" and marks[7] == "?" and marks[1] == " "
+    ranked = [line for line in lines if line.startswith(sha(FLIP)[:7])]
+    assert ranked and "99.30%" in ranked[0]
+
+
+def test_text_plot_bins_a_long_range_to_its_width(contents: JournalContents) -> None:
+    report = build_report(contents, STATE)
+    n = 500
+    long = {**report, "posterior": [1.0 / n] * n,
+            "commits": [{"sha": sha(i), "short": sha(i)[:7]} for i in range(n)],
+            "tested": [{"index": 250, "verdict": "DIVERGENT"}]}
+    lines = text_plot(long, width=50).splitlines()
+    assert len(lines[0]) == len("posterior |") + 50 + 1
+    assert lines[1].count("X") == 1
+
+
+def test_posterior_of_the_wrong_length_is_a_one_line_error(contents: JournalContents) -> None:
+    with pytest.raises(StateError, match="replay the journal with the same range"):
+        build_report(contents, replace(STATE, posterior=(0.0, 1.0)))
+
+
+def test_op_probe_lifetimes_use_the_op_table(tmp_path: Path, contents: JournalContents) -> None:
+    """The focused operator check (batch-invariance-op recipe): its max |diff| fills the table."""
+    cases = [{"op": "rms_norm", "dtype": "float16", "hidden": 4096, "equal": s % 2 == 0,
+              "max_abs_diff": 4.8828125e-4} for s in range(16)]
+    summary = summarize_cases(cases)
+    verdict, message = op_verdict(summary)
+    detail = {"library": "/cache/ab/_C_stable_libtorch.abi3.so", "torch": "2.11.0+cu130",
+              "device": "cuda", "env": {"VLLM_BATCH_INVARIANT": "1"}, **summary,
+              "row_counts": [255, 300]}
+    header = {**contents.header, "recipe": {"name": "batch-invariance-op",
+                                            "probe": {"kind": "op", "ops": ["rms_norm"]}}}
+    path = tmp_path / journal.JOURNAL_NAME
+    with Journal(path) as j:
+        j.append(header)
+        j.append({"type": "observation", "lifetime_id": "op-1", "commit": sha(0), "position": 0,
+                  "verdict": verdict.value, "detail": detail, "message": message})
+    md = render_markdown(build_report(journal.read(path), STATE))
+    rows = table_rows(md)
+    assert len(rows) == 1 and rows[0][8][0] == "DIVERGENT"
+    assert rows[0][6][0] == "4.883e-04"
+    assert "Max abs diff" in md and "Max abs Δ logprob" not in md
+    assert "| rms_norm | float16 | 4096 | 8/16 |" in md  # render_op_detail's own row
