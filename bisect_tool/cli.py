@@ -10,16 +10,16 @@ from pathlib import Path
 import click
 
 from bisect_tool import __version__
-from bisect_tool.artifacts.cli import artifacts_group
-from bisect_tool.demo.cli import demo_command
 from bisect_tool import journal as journal_mod
 from bisect_tool import recipe as recipe_mod
+from bisect_tool.artifacts.cli import artifacts_group
+from bisect_tool.demo.cli import demo_command
 from bisect_tool.errors import AbortError, BisectError, RangeError, StateError, UsageError
 from bisect_tool.journal import JOURNAL_NAME
-from bisect_tool.runtime import common as signals
-from bisect_tool.values import Verdict
 from bisect_tool.probes.cli import probe_command
+from bisect_tool.runtime import common as signals
 from bisect_tool.runtime.cli import model_group
+from bisect_tool.values import Verdict
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -114,12 +114,15 @@ def start(
                 f"a bisect is already in progress in {journal_path.parent}; "
                 "`bisect resume` continues it, `bisect reset` ends it"
             )
-        journal_path.unlink()
     path_filter = paths or (recipe_obj.range.paths if recipe_obj else ())
     commit_range = resolve_range(repo, good, bad, path_filter)
+    if journal_path.exists():  # a finished bisect; kept until the new range resolved
+        journal_path.unlink()
     recipe_dict = recipe_obj.to_dict() if recipe_obj else {}
     if recipe_obj is None:
-        recipe_dict = {"search": _search_overrides(confidence, max_evaluations, cost_new, cost_lifetime)}
+        recipe_dict = {
+            "search": _search_overrides(confidence, max_evaluations, cost_new, cost_lifetime)
+        }
     mode = "run" if run_command else ("recipe" if recipe_obj else "manual")
     header = session.header_for(
         commit_range, recipe=recipe_dict, command=["bisect", *sys.argv[1:]],
@@ -166,10 +169,10 @@ def _continue(repo: Path, state_dir: Path | None) -> None:
     tags = {c.sha: c.tags for c in state.candidates}
     with journal_mod.Journal(journal_path) as journal, signals.sigterm_raises():
         if mode == "run":
-            evaluator = RunCommandEvaluator(
+            run_evaluator = RunCommandEvaluator(
                 Path(header["repo"]), header["run_command"], float(header.get("run_timeout") or 0)
             )
-            summary = session.Loop(journal, state, evaluator, progress=_progress).run()
+            summary = session.Loop(journal, state, run_evaluator, progress=_progress).run()
         else:
             recipe_obj = recipe_mod.from_dict_loose(header["recipe"])
             with build_evaluator(
@@ -259,11 +262,16 @@ def log(repo: Path, state_dir: Path | None) -> None:
     """The journal, one line per event."""
     contents = journal_mod.read(_journal_path(repo, state_dir))
     h = contents.header
-    click.echo(f"# session {h['session']}: {h['direction']} {h['good_ref']} (good) {h['bad_ref']} (bad)")
+    click.echo(
+        f"# session {h['session']}: {h['direction']} {h['good_ref']} (good) {h['bad_ref']} (bad)"
+    )
     for e in contents.entries:
         kind = e.get("type")
         if kind == "observation":
-            click.echo(f"{e['lifetime_id']:<16} {e['commit'][:12]} {e['verdict']:<12} {e.get('message', '')[:80]}")
+            click.echo(
+                f"{e['lifetime_id']:<16} {e['commit'][:12]} {e['verdict']:<12} "
+                f"{e.get('message', '')[:80]}"
+            )
         elif kind == "untestable":
             click.echo(f"untestable       {e['commit'][:12]} {e.get('message', '')[:80]}")
         elif kind == "controls":
@@ -341,9 +349,16 @@ def reset(repo: Path, state_dir: Path | None) -> None:
 
     path = _state_dir(repo, state_dir)
     removed = 0
-    try:
-        from bisect_tool.runtime.local import LocalBackend  # noqa: F401
-
+    session_id = ""
+    journal_path = path / JOURNAL_NAME
+    if journal_path.exists():
+        try:
+            session_id = str(journal_mod.read(journal_path).header.get("session", ""))
+        except StateError:
+            session_id = ""
+    # Only this bisect's leftovers: another bisect may be running on this host (another repo or
+    # state dir) and its lifetimes must survive our reset.
+    if session_id:
         from bisect_tool.recipe import RuntimeSettings
         from bisect_tool.runtime import make_backend
 
@@ -352,11 +367,9 @@ def reset(repo: Path, state_dir: Path | None) -> None:
                 backend = make_backend(
                     RuntimeSettings(backend=backend_name), session="reset", log_dir=path / "logs"
                 )
-                removed += backend.cleanup_stale(None)  # type: ignore[call-arg]
+                removed += backend.cleanup_stale(session_id)
             except BisectError:
                 continue
-    except ImportError:
-        pass
     if path.exists():
         shutil.rmtree(path)
         click.echo(f"removed {path}" + (f" and {removed} leftover lifetimes" if removed else ""))
@@ -370,7 +383,9 @@ def reset(repo: Path, state_dir: Path | None) -> None:
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=None)
 @repo_option
 @state_option
-def report(fmt: str, plot: Path | None, output: Path | None, repo: Path, state_dir: Path | None) -> None:
+def report(
+    fmt: str, plot: Path | None, output: Path | None, repo: Path, state_dir: Path | None
+) -> None:
     """The report for the issue tracker (Markdown for GitHub, or JSON with the same content)."""
     text = render_report(_journal_path(repo, state_dir), fmt, plot)
     if output:

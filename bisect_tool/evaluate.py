@@ -24,6 +24,7 @@ from typing import Any
 from bisect_tool.errors import AbortError, UntestableError
 from bisect_tool.interfaces import (
     ArtifactProvider,
+    Evaluator,
     LifetimeSpec,
     ProbeResult,
     RuntimeBackend,
@@ -36,6 +37,7 @@ from bisect_tool.values import Observation, Verdict
 Progress = Callable[[str], None]
 
 
+_SIGNALS = {int(sig) for sig in signal.Signals}
 _WORKTREE_LOCK = "bisect-tool worktree of pid"
 
 
@@ -51,15 +53,16 @@ def remove_stale_worktrees(repo_path: Path) -> int:
     """
     proc = subprocess.run(
         ["git", "-C", str(repo_path), "worktree", "list", "--porcelain"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     removed = 0
     path = ""
     for line in proc.stdout.splitlines():
         if line.startswith("worktree "):
-            path = line[len("worktree "):]
+            path = line[len("worktree ") :]
         elif line.startswith(f"locked {_WORKTREE_LOCK} "):
-            pid_text, _, host = line[len(f"locked {_WORKTREE_LOCK} "):].partition(" on ")
+            pid_text, _, host = line[len(f"locked {_WORKTREE_LOCK} ") :].partition(" on ")
             if host != socket.gethostname() or not pid_text.isdigit() or _alive(int(pid_text)):
                 continue
             subprocess.run(
@@ -92,8 +95,20 @@ def worktree(repo_path: Path, commit: str) -> Iterator[Path]:
     path = parent / "src"
     try:
         subprocess.run(
-            ["git", "-C", str(repo_path), "worktree", "add", "--detach", "--quiet", "--lock",
-             "--reason", _lock_reason(), str(path), commit],
+            [
+                "git",
+                "-C",
+                str(repo_path),
+                "worktree",
+                "add",
+                "--detach",
+                "--quiet",
+                "--lock",
+                "--reason",
+                _lock_reason(),
+                str(path),
+                commit,
+            ],
             check=True,
             capture_output=True,
         )
@@ -159,8 +174,10 @@ class RunCommandEvaluator:
         elif 0 < code < 128:
             verdict = Verdict.DIVERGENT
         else:
+            # Popen reports death by a signal as -N; bash reports it as 128 + N
+            how = f"by {signal.Signals(-code).name}" if -code in _SIGNALS else f"(exit {code})"
             raise AbortError(
-                f"--run command was killed (exit {code}) at {commit[:12]}; exit codes >= 128 "
+                f"--run command was killed {how} at {commit[:12]}; exit codes >= 128 "
                 "abort the bisect, like git bisect run"
             )
         return Observation(commit, verdict, lifetime_id, detail, f"exit {code}", elapsed)
@@ -219,7 +236,11 @@ class ServerEvaluator(_ArtifactEvaluator):
         detail = dict(result.detail)
         detail["timing"] = {**detail.get("timing", {}), "artifacts_s": round(artifacts_s, 3)}
         return Observation(
-            commit, result.verdict, lifetime_id, detail, result.message,
+            commit,
+            result.verdict,
+            lifetime_id,
+            detail,
+            result.message,
             time.monotonic() - started,
         )
 
@@ -282,7 +303,11 @@ class OpEvaluator(_ArtifactEvaluator):
         path = next(iter(swap.files.values()))
         result = self.op_probe.run_extension(path, self.env)
         return Observation(
-            commit, result.verdict, lifetime_id, result.detail, result.message,
+            commit,
+            result.verdict,
+            lifetime_id,
+            result.detail,
+            result.message,
             time.monotonic() - started,
         )
 
@@ -316,7 +341,7 @@ def build_evaluator(
             return
         backend = make_backend(recipe.runtime, session=session, log_dir=log_dir)
         try:
-            backend.cleanup_stale(session)  # type: ignore[call-arg]
+            backend.cleanup_stale(session)
             pool = GpuPool(recipe.runtime.gpus)
             model = recipe.runtime.model or None
 
@@ -370,7 +395,9 @@ class ControlsRunner:
         for attempt in range(self.attempts):
             lid = f"control-{self.commit[:12]}-{attempt}"
 
-            def boot(env: Mapping[str, str], lid: str = lid) -> AbstractContextManager[ServerHandle]:
+            def boot(
+                env: Mapping[str, str], lid: str = lid
+            ) -> AbstractContextManager[ServerHandle]:
                 return self.evaluator.boot(swap, lid, env)
 
             result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env)

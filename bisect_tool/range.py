@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bisect_tool.errors import RangeError
 from bisect_tool.values import Direction
@@ -68,7 +69,7 @@ def pr_number(subject: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def open_repo(path: Path):  # type: ignore[no-untyped-def]
+def open_repo(path: Path) -> Any:
     import git  # gitpython: imported here so the GPU-side commands work without it
 
     try:
@@ -79,7 +80,7 @@ def open_repo(path: Path):  # type: ignore[no-untyped-def]
         ) from None
 
 
-def resolve_ref(repo, ref: str) -> str:  # type: ignore[no-untyped-def]
+def resolve_ref(repo: Any, ref: str) -> str:
     """A full SHA for a tag, branch, or short/full SHA; unknown refs suggest near names."""
     import git
 
@@ -94,7 +95,7 @@ def resolve_ref(repo, ref: str) -> str:  # type: ignore[no-untyped-def]
         raise RangeError(f"unknown ref '{ref}'{hint}") from None
 
 
-def _is_ancestor(repo, a: str, b: str) -> bool:  # type: ignore[no-untyped-def]
+def _is_ancestor(repo: Any, a: str, b: str) -> bool:
     import git
 
     try:
@@ -145,14 +146,22 @@ def resolve_range(
         raise RangeError("the newer end is not on its own first-parent history")
 
     def touches(files: list[str]) -> bool:
-        return any(f == p.rstrip("/") or f.startswith(p.rstrip("/") + "/") for f in files for p in paths)
+        return any(
+            f == p.rstrip("/") or f.startswith(p.rstrip("/") + "/") for f in files for p in paths
+        )
 
     old_subject = repo.commit(old).summary
-    candidates = [Candidate(old, str(old_subject), pr_number(str(old_subject)), tuple(tags_by_sha.get(old, [])))]
+    candidates = [
+        Candidate(
+            old, str(old_subject), pr_number(str(old_subject)), tuple(tags_by_sha.get(old, []))
+        )
+    ]
     for sha, subject, files in changed:
         if sha != new and paths and not touches(files):
             continue
-        candidates.append(Candidate(sha, subject, pr_number(subject), tuple(tags_by_sha.get(sha, []))))
+        candidates.append(
+            Candidate(sha, subject, pr_number(subject), tuple(tags_by_sha.get(sha, [])))
+        )
     if paths and len(candidates) == 2 and not touches(changed[-1][2]):
         raise RangeError(
             f"no commit between {old[:12]} and {new[:12]} touches {', '.join(paths)}: the "

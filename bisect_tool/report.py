@@ -296,11 +296,13 @@ def _tested(
 
 def _aggregate(r: Mapping[str, Any]) -> str:
     """The candidate's verdict over its lifetimes (what a reader of the table expects)."""
+    # The same rule as the search (bisect_tool.session.State.apply): any divergent lifetime is
+    # evidence of the bug; a candidate is untestable only when nothing conclusive came first.
     if r["divergent"]:
         return "DIVERGENT"
-    if r["lifetimes"] and r["clean"] == r["lifetimes"]:
+    if r["clean"]:
         return "CLEAN"
-    if r["untestable"] or (r["lifetimes"] and r["untestable_lifetimes"] == r["lifetimes"]):
+    if r["untestable"] or r["untestable_lifetimes"]:
         return "UNTESTABLE"
     return "INCONCLUSIVE"
 

@@ -113,7 +113,10 @@ class State:
                 self.strategy.record(pos, True)
             elif verdict is Verdict.CLEAN:
                 self.strategy.record(pos, False)
-            elif verdict is Verdict.UNTESTABLE:
+            elif verdict is Verdict.UNTESTABLE and not self.strategy.counts.total[pos]:
+                # A candidate that never gave a conclusive lifetime is untestable (no artifact,
+                # build or boot failure, incompatible ops). One that already did keeps its
+                # evidence: a later crash says nothing about the bug either way.
                 self.strategy.mark_untestable(pos)
             # INCONCLUSIVE: the lifetime ran but could not tell; it is no evidence either way
         elif kind == "untestable":
@@ -263,7 +266,8 @@ class Loop:
             ids = state.next_lifetime_ids(candidate.sha, count)
             self._report_progress(choice.position, choice.reason, len(ids))
             if len(ids) == 1:
-                self._record(self.evaluator.evaluate(candidate.sha, ids[0], candidate.tags), choice.position)
+                obs = self.evaluator.evaluate(candidate.sha, ids[0], candidate.tags)
+                self._record(obs, choice.position)
             else:
                 with ThreadPoolExecutor(max_workers=len(ids)) as pool:
                     futures = [
@@ -295,7 +299,9 @@ def finish(journal: Journal, state: State, state_name: str, message: str) -> dic
     summary["state"] = state_name
     summary["message"] = message
     slim = {k: v for k, v in summary.items() if k != "posterior"}
-    entry = journal.append({"type": "end", "state": state_name, "message": message, "summary": slim})
+    entry = journal.append(
+        {"type": "end", "state": state_name, "message": message, "summary": slim}
+    )
     state.apply(entry)
     return summary
 

@@ -198,7 +198,8 @@ def lower_bound(n: int, p: float, q: float, costs: Costs, error: float = 0.01) -
     h_e = -error * math.log2(error) - (1 - error) * math.log2(1 - error)
     bits = max((1 - error) * math.log2(n) - h_e, 0.0)
     lifetimes = bits / channel_capacity(p, q)
-    return LowerBound(lifetimes, lifetimes * costs.lifetime + bits * costs.new_candidate)
+    cost = lifetimes * costs.lifetime + bits * costs.new_candidate
+    return LowerBound(float(lifetimes), float(cost))
 
 
 def simulate(
@@ -340,9 +341,15 @@ def simulate_command(
     if cost_new < 0 or cost_lifetime <= 0:
         raise UsageError("--cost-lifetime must be > 0 and --cost-new >= 0")
     costs = Costs(cost_new, cost_lifetime)
-    kwargs = {"confidence": confidence, "costs": costs, "repeats": repeats, "seed": seed}
+
+    def run(n: int, rate_p: float, rate_q: float, count: int) -> SimulationResult:
+        return simulate(
+            n, rate_p, rate_q, count, confidence=confidence, costs=costs, repeats=repeats,
+            seed=seed,
+        )
+
     if not grid:
-        result = simulate(candidates, p, q, trials, **kwargs)  # type: ignore[arg-type]
+        result = run(candidates, p, q, trials)
         if as_json:
             click.echo(json.dumps(result.to_dict() | {"ratios": result.ratios()}, indent=2))
         else:
@@ -355,7 +362,7 @@ def simulate_command(
         for gp in GRID_P:
             for gq in GRID_Q:
                 cell_trials = trials if n <= 512 else max(1, trials // 3)
-                r = simulate(n, gp, gq, cell_trials, **kwargs)  # type: ignore[arg-type]
+                r = run(n, gp, gq, cell_trials)
                 results.append(r.to_dict() | {"ratios": r.ratios()})
                 if not as_json:
                     click.echo(grid_row(r))

@@ -20,6 +20,12 @@ candidate whose artifacts are already prepared costs ``cost_lifetime``; a new ca
 ``cost_new_candidate`` more (a download or a build). Untestable candidates are removed from the
 choice but keep their prior: hypotheses separated only by untestable commits cannot be told apart,
 so the answer is then a *block*, as ``git bisect`` reports it.
+
+The search stops when the top block holds ``1 - (1 - confidence) / 2`` (``STOP_FACTOR``), not
+``confidence`` itself: the posterior is calibrated on average over the prior on p, and at a fixed
+p of 0.3-0.5 stopping at exactly 0.99 was right only ~98.5% of the time. The lookahead works on
+runs of hypotheses that no tested or scored commit separates, which makes a step O(tested
+commits) instead of O(n): about 1.5 s for a whole N = 4096 search instead of 52 s.
 """
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ def write_probe(path: Path, *, flip: int, p: float = 1.0, fix: bool = False,
 
     The bad side is ``index >= flip`` (or ``<`` for ``fix``); there a lifetime fails (exit 1)
     with probability ``p`` from ``random.Random`` seeded by the lifetime id, so a run is
-    reproducible. ``PROBE_SLEEP`` in the environment overrides ``sleep``. Indices in ``untestable`` exit 125. ``record`` gets one line per lifetime:
+    reproducible. ``PROBE_SLEEP`` in the environment overrides ``sleep``. Indices in
+    ``untestable`` exit 125. ``record`` gets one line per lifetime:
     ``<lifetime> <index> <journal lines seen>``. Returns the command line for ``--run``.
     """
     path.write_text(textwrap.dedent(

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from gitrepos import Repo, init, linear, with_merges
 
 from bisect_tool.errors import RangeError
 from bisect_tool.range import resolve_range
 from bisect_tool.values import Direction
-from gitrepos import Repo, init, linear, with_merges
 
 
 @pytest.fixture(scope="module")

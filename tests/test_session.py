@@ -112,14 +112,15 @@ def test_probe_killed_by_a_signal_aborts_and_keeps_the_journal(tmp_path: Path,
     command = 'i=$(cat f); [ "$i" = 4 ] || [ "$i" = 16 ] || kill -9 $$; [ "$i" -lt 9 ]'
     code, out, err = start(repo, tmp_path / "st", command)
     assert code == AbortError.exit_code
-    assert err.strip().splitlines()[-1].startswith("bisect: --run command was killed")
+    assert err.strip().splitlines()[-1].startswith("bisect: --run command was killed by SIGKILL")
     assert "Traceback" not in err
+    killed_at = err.split(" at ")[-1].split(";")[0]
     obs = observations(tmp_path / "st")
-    assert [(o["commit"], o["verdict"]) for o in obs] == [
-        (sha(repo, 16), "divergent"), (sha(repo, 4), "clean")
-    ]
+    recorded = {(o["commit"], o["verdict"]) for o in obs}
+    assert recorded == {(sha(repo, 16), "divergent"), (sha(repo, 4), "clean")}
+    assert not any(str(o["commit"]).startswith(killed_at) for o in obs)
     s = status(repo, tmp_path / "st")
-    assert s["state"] == "running" and s["evaluations"] == 2
+    assert s["state"] == "running" and s["evaluations"] == len(obs)
     assert len(repo.worktrees()) == 1  # the killed lifetime's worktree is gone too
 
 
@@ -175,3 +176,34 @@ def test_resume_after_sigkill_gives_the_uninterrupted_answer(
     assert resumed == uninterrupted  # nothing lost: the same lifetimes, the same verdicts
     assert status(repo, state)["evaluations"] == len(uninterrupted)
     assert len(repo.worktrees()) == 1  # the killed run's worktree was cleaned up
+
+
+def test_run_timeout_aborts_and_cleans_up(tmp_path: Path, repo: Repo) -> None:
+    code, out, err = start(repo, tmp_path / "st", "sleep 30", "--run-timeout", "0.5")
+    assert code == AbortError.exit_code
+    assert "timed out after" in err and "--run-timeout" in err and "Traceback" not in err
+    assert observations(tmp_path / "st") == []
+    assert len(repo.worktrees()) == 1
+
+
+def test_sigterm_stops_the_run_and_tears_the_lifetime_down(tmp_path: Path, repo: Repo) -> None:
+    record = tmp_path / "record.txt"
+    command = write_probe(tmp_path / "probe.py", flip=11, sleep=30, record=record)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
+         "--run", command, "--repo", str(repo.path), "--state-dir", str(tmp_path / "st")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _wait_for(lambda: record.exists() and record.read_text().strip())
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == AbortError.exit_code
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err
+    assert len(repo.worktrees()) == 1  # the probe's process group was killed, its tree removed
+    s = status(repo, tmp_path / "st")
+    assert s["state"] == "running" and s["evaluations"] == 0

@@ -20,14 +20,25 @@ from bisect_tool.errors import UsageError
 
 
 @click.command("demo")
-@click.option("--workdir", type=click.Path(path_type=Path), default=None,
-              help="Keep the generated repository, cache and state here (default: a temp dir).")
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Keep the generated repository, cache and state here (default: a temp dir).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the report.")
-@click.option("--backend", type=click.Choice(["local"]), default="local", show_default=True,
-              help="Where lifetimes run.")
+@click.option(
+    "--backend",
+    type=click.Choice(["local"]),
+    default="local",
+    show_default=True,
+    help="Where lifetimes run.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the history.")
 @click.option("--commits", type=int, default=300, show_default=True)
-def demo_command(workdir: Path | None, as_json: bool, backend: str, seed: int, commits: int) -> None:
+def demo_command(
+    workdir: Path | None, as_json: bool, backend: str, seed: int, commits: int
+) -> None:
     """Run the whole pipeline on the built-in demo target (no GPU needed)."""
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="bisect-demo-") as tmp:
@@ -47,25 +58,45 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
     workdir.mkdir(parents=True, exist_ok=True)
     repo = workdir / "demo-repo"
     if repo.exists():
-        raise UsageError(f"{repo} exists; give a new --workdir (the demo generates a fresh history)")
+        raise UsageError(
+            f"{repo} exists; give a new --workdir (the demo generates a fresh history)"
+        )
     history = generate(repo, seed=seed, commits=commits)
-    click.echo(f"generated {repo} ({commits} commits); planted fix {history.planted_commit[:12]}",
-               err=True)
+    click.echo(
+        f"generated {repo} ({commits} commits); planted fix {history.planted_commit[:12]}", err=True
+    )
     pinned.ensure_pinned_build()
     # The bundled demo recipe leaves the pinned stack's location and the cache to run time: they
     # depend on where bisect-tool is installed and on the work dir.
     text = recipe_mod.find("demo").read_text()
-    text = re.sub(r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text)
-    text = re.sub(r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{workdir / "cache"}"', text, count=1)
+    text = re.sub(
+        r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text
+    )
+    text = re.sub(
+        r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{workdir / "cache"}"', text, count=1
+    )
     recipe_path = workdir / "demo-recipe.toml"
     recipe_path.write_text(text)
     recipe_mod.load(str(recipe_path))  # validate before starting
     state_dir = workdir / "state"
     cli_mod.cli.main(
-        args=["start", "--good", history.good_tag, "--bad", history.bad_tag,
-              "--recipe", str(recipe_path), "--repo", str(repo), "--state-dir", str(state_dir),
-              "--backend", backend],
-        prog_name="bisect", standalone_mode=False,
+        args=[
+            "start",
+            "--good",
+            history.good_tag,
+            "--bad",
+            history.bad_tag,
+            "--recipe",
+            str(recipe_path),
+            "--repo",
+            str(repo),
+            "--state-dir",
+            str(state_dir),
+            "--backend",
+            backend,
+        ],
+        prog_name="bisect",
+        standalone_mode=False,
     )
     wall = time.monotonic() - started
     journal_path = state_dir / journal_mod.JOURNAL_NAME
@@ -75,17 +106,22 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
     observations = contents.observations
     breakdown = _breakdown(observations, wall)
     if as_json:
-        click.echo(json.dumps({
-            "repo": str(repo),
-            "flip_commit": summary.get("flip_commit"),
-            "planted_commit": history.planted_commit,
-            "confidence": summary.get("confidence"),
-            "evaluations": len({o["commit"] for o in observations}),
-            "lifetimes": len(observations),
-            "wall_s": round(wall, 2),
-            "state": end.get("state"),
-            "breakdown": breakdown,
-        }, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "repo": str(repo),
+                    "flip_commit": summary.get("flip_commit"),
+                    "planted_commit": history.planted_commit,
+                    "confidence": summary.get("confidence"),
+                    "evaluations": len({o["commit"] for o in observations}),
+                    "lifetimes": len(observations),
+                    "wall_s": round(wall, 2),
+                    "state": end.get("state"),
+                    "breakdown": breakdown,
+                },
+                indent=2,
+            )
+        )
         return
     click.echo(cli_mod.render_report(journal_path, "md"))
     found = summary.get("flip_commit") == history.planted_commit

@@ -1,0 +1,81 @@
+"""`bisect simulate`: the benchmark's definitions and its command line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from bisect_tool.errors import UsageError
+from bisect_tool.simulate import channel_capacity, lower_bound, simulate, simulate_command
+from bisect_tool.strategy import Costs
+
+
+def test_classic_bisection_cost_is_the_documented_formula() -> None:
+    """Classic: one lifetime at each end, then one lifetime per midpoint, each candidate 10."""
+    r = simulate(64, 1.0, 0.0, 20, processes=1)
+    classic = r.strategies["classic"]
+    assert classic.accuracy == 1.0
+    assert classic.mean_evaluations == 2 + math.log2(64)
+    assert classic.mean_cost == (2 + math.log2(64)) * 11
+
+
+def test_channel_capacity_and_lower_bound() -> None:
+    assert channel_capacity(1.0, 0.0) == pytest.approx(1.0, abs=1e-3)
+    assert channel_capacity(0.5, 0.01) == pytest.approx(0.286, abs=0.002)  # search-notes.md
+    lb = lower_bound(512, 0.5, 0.01, Costs())
+    assert lb.evaluations == pytest.approx(30.9, abs=0.2)
+    assert lb.cost == pytest.approx(119.2, abs=0.5)
+
+
+def test_result_does_not_depend_on_the_number_of_processes() -> None:
+    one = simulate(32, 0.5, 0.01, 6, seed=3, processes=1)
+    two = simulate(32, 0.5, 0.01, 6, seed=3, processes=2)
+    assert one == two
+
+
+def test_bayes_beats_classic_on_an_intermittent_bug() -> None:
+    r = simulate(64, 0.5, 0.01, 16, seed=5)
+    assert r.strategies["bayes"].accuracy >= 0.9
+    assert r.strategies["classic"].accuracy < 0.5
+
+
+def test_json_output_has_the_documented_shape() -> None:
+    out = CliRunner().invoke(
+        simulate_command, ["--candidates", "32", "--p", "1", "--q", "0", "--trials", "4", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert set(data["lower_bound"]) >= {"evaluations", "cost"}
+    assert set(data["strategies"]) == {"bayes", "classic", "fixed_repeats"}
+    for stats in data["strategies"].values():
+        assert set(stats) >= {"accuracy", "mean_evaluations", "p95_evaluations", "mean_cost"}
+    assert data["strategies"]["bayes"]["accuracy"] == 1.0
+
+
+def test_table_output_names_the_ratios() -> None:
+    out = CliRunner().invoke(
+        simulate_command, ["-n", "16", "--p", "0.8", "--q", "0.01", "--trials", "3"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "bayes cost / lower bound" in out.output
+    assert "bayes cost / classic cost" in out.output
+    for name in ("bayes", "classic", "fixed_repeats", "lower bound"):
+        assert name in out.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--p", "0"], "0 < p <= 1"),
+        (["--p", "0.5", "--q", "0.6"], "0 <= q < p"),
+        (["--trials", "0"], "--trials"),
+        (["--confidence", "1"], "--confidence"),
+    ],
+)
+def test_bad_input_is_a_one_line_usage_error(args: list[str], message: str) -> None:
+    out = CliRunner().invoke(simulate_command, ["-n", "8", "--trials", "1", *args])
+    assert isinstance(out.exception, UsageError)
+    assert message in str(out.exception)

@@ -1,0 +1,191 @@
+"""The search core with plain values: posterior laws, selection rules, stopping, calibration."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bisect_tool.simulate import _History, _run_bayes
+from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
+from bisect_tool.values import Direction
+
+evidence = st.lists(st.tuples(st.integers(0, 12), st.booleans()), max_size=30)
+
+
+def _fed(size: int, direction: Direction, events: list[tuple[int, bool]]) -> BayesianStrategy:
+    s = BayesianStrategy(size, direction)
+    for pos, divergent in events:
+        s.record(min(pos, size - 1), divergent)
+    return s
+
+
+@settings(max_examples=60, deadline=None)
+@given(evidence, st.sampled_from(list(Direction)))
+def test_posterior_is_a_distribution(events: list[tuple[int, bool]], direction: Direction) -> None:
+    post = _fed(13, direction, events).posterior()
+    assert post.shape == (12,)
+    assert (post >= 0).all()
+    assert math.isclose(float(post.sum()), 1.0, rel_tol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(evidence)
+def test_directions_mirror_each_other(events: list[tuple[int, bool]]) -> None:
+    """A fix search on a history is a regression search on the reversed history."""
+    fix = _fed(13, Direction.FIX, events)
+    reg = _fed(13, Direction.REGRESSION, [(12 - min(p, 12), d) for p, d in events])
+    np.testing.assert_allclose(fix.posterior(), reg.posterior()[::-1], rtol=1e-9, atol=1e-15)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 11), st.integers(1, 5), st.integers(0, 3), st.sampled_from(list(Direction)))
+def test_a_divergence_moves_mass_to_hypotheses_that_call_it_bad(
+    i: int, bad_runs: int, good_runs: int, direction: Direction
+) -> None:
+    """With the ends labelled (bad end diverged, good end clean), a divergence at i raises the
+    mass of the hypotheses that put i on the bad side, and a clean lifetime lowers it."""
+    s = BayesianStrategy(13, direction)
+    for _ in range(bad_runs):
+        s.record(s.bad_end, True)
+    for _ in range(good_runs):
+        s.record(s.good_end, False)
+    before = s.bad_side_probability()[i]
+    s.record(i, True)
+    assert s.bad_side_probability()[i] > before
+    s2 = BayesianStrategy(13, direction)
+    for _ in range(bad_runs):
+        s2.record(s2.bad_end, True)
+    for _ in range(good_runs):
+        s2.record(s2.good_end, False)
+    s2.record(i, False)
+    assert s2.bad_side_probability()[i] < before
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sets(st.integers(1, 15), max_size=10), st.sampled_from(list(Direction)), evidence)
+def test_select_never_returns_an_untestable_position(
+    untestable: set[int], direction: Direction, events: list[tuple[int, bool]]
+) -> None:
+    s = BayesianStrategy(17, direction)
+    for u in untestable:
+        s.mark_untestable(u)
+    s.record(s.bad_end, True)
+    s.record(s.good_end, False)
+    for pos, divergent in events:
+        if pos not in untestable:
+            s.record(pos, divergent)
+    for _ in range(3):
+        try:
+            choice = s.select()
+        except NoCandidateLeft:
+            return
+        assert choice.position not in untestable
+        assert 0 <= choice.position <= 16
+        s.record(choice.position, choice.position != s.good_end and direction is Direction.FIX)
+
+
+def test_blocks_merge_across_untestable_commits() -> None:
+    """Commits 4 and 5 cannot be built: flips at 4, 5 and 6 are one answer, as git reports."""
+    s = BayesianStrategy(11, Direction.REGRESSION)  # positions 0..10, flips 1..10
+    s.mark_untestable(4)
+    s.mark_untestable(5)
+    assert (4, 5, 6) in s.blocks()
+    for _ in range(6):
+        s.record(3, False)
+        s.record(6, True)
+        s.record(0, False)
+        s.record(10, True)
+    block, mass = s.top_block()
+    assert block == (4, 5, 6)
+    assert mass > 0.99
+    assert s.summary().block == (4, 5, 6)
+
+
+def test_no_candidate_left_when_only_untestables_separate_the_hypotheses() -> None:
+    s = BayesianStrategy(4, Direction.REGRESSION)
+    s.mark_untestable(1)
+    s.mark_untestable(2)
+    s.record(0, False)
+    for _ in range(BayesianStrategy.BAD_END_LIFETIMES):
+        s.record(3, True)
+    assert s.blocks() == [(1, 2, 3)]
+    with pytest.raises(NoCandidateLeft):
+        s.select()
+
+
+def test_bad_end_that_never_diverges_keeps_the_search_at_the_bad_end() -> None:
+    """No bisecting noise: until the bad end shows the bug, only the bad end is run (the loop
+    stops the search when its lifetime allowance for the ends runs out)."""
+    s = BayesianStrategy(100, Direction.FIX)
+    for _ in range(10):
+        choice = s.select()
+        assert choice.position == s.bad_end == 0
+        s.record(choice.position, False)
+    assert "bad end" in s.select().reason
+
+
+def test_deterministic_bug_costs_about_what_classic_bisection_costs() -> None:
+    """p = 1, q = 0: the right flip, at no more than 1.2x the cost of git bisect run (which
+    also checks each end once): cost = 10 per new candidate + 1 per lifetime."""
+    n = 256
+    classic = (2 + math.ceil(math.log2(n))) * 11
+    costs = []
+    for flip in (1, 17, 128, 200, 256):
+        h = _History(n, flip, 1.0, 0.0, np.random.default_rng(flip))
+        found, confidence = _run_bayes(h, Costs(), 0.99, 2000)
+        assert found == flip
+        assert confidence >= 0.99
+        costs.append(h.cost(Costs()))
+    assert np.mean(costs) <= 1.2 * classic, costs
+
+
+def test_reported_confidence_matches_observed_accuracy() -> None:
+    """Calibration: over many simulated searches at N = 32, the share of right answers is at
+    least the confidence reported at the stop, less a tolerance for the sample size."""
+    rng = np.random.default_rng(2024)
+    right, reported = [], []
+    for p in (0.3, 0.5, 0.8, 1.0):
+        for _ in range(40):
+            flip = int(rng.integers(1, 33))
+            h = _History(32, flip, p, 0.01, np.random.default_rng(int(rng.integers(2**32))))
+            found, confidence = _run_bayes(h, Costs(), 0.99, 2000)
+            right.append(found == flip)
+            reported.append(confidence)
+    accuracy, mean_reported = float(np.mean(right)), float(np.mean(reported))
+    assert mean_reported >= 0.99
+    # 160 runs: one standard error at 0.99 is 0.008; allow three
+    assert accuracy >= mean_reported - 0.025, (accuracy, mean_reported)
+
+
+def test_summary_reports_rates_and_counts() -> None:
+    s = BayesianStrategy(9, Direction.REGRESSION)
+    for _ in range(8):
+        s.record(8, True)
+        s.record(0, False)
+    for pos, div in [(4, True), (4, True), (2, False), (2, False), (3, True), (3, True)]:
+        s.record(pos, div)
+    summary = s.summary()
+    assert summary.evaluations == 22
+    assert summary.candidates_tested == 5
+    assert summary.p_median > 0.7
+    assert summary.q_median < 0.1
+    assert summary.p_interval[0] <= summary.p_median <= summary.p_interval[1]
+    assert set(summary.credible_set) >= {summary.block[0]}
+
+
+def test_select_prefers_another_lifetime_when_candidates_are_expensive() -> None:
+    """Patch leaving: the same evidence, a costly switch keeps the search where it is."""
+    def choose(cost_new: float) -> int:
+        s = BayesianStrategy(65, Direction.FIX, costs=Costs(cost_new, 1.0))
+        for _ in range(3):
+            s.record(0, True)
+        s.record(64, False)
+        s.record(32, False)  # one clean lifetime at the midpoint: ambiguous at unknown p
+        return s.select().position
+
+    assert choose(1000.0) in (0, 32, 64)
+    assert choose(0.0) not in (0, 64)
