@@ -19,6 +19,7 @@ from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.probes.cli import probe_command
 from bisect_tool.runtime import common as signals
 from bisect_tool.runtime.cli import model_group
+from bisect_tool.simulate import simulate_command
 from bisect_tool.values import Verdict
 
 
@@ -72,7 +73,8 @@ def _progress(message: str) -> None:
 @click.option("--path", "paths", multiple=True, help="Only commits touching these paths.")
 @click.option("--confidence", type=float, default=None, help="Stop at this posterior mass.")
 @click.option("--max-evaluations", type=int, default=None, help="Budget of lifetimes.")
-@click.option("--backend", type=click.Choice(["local", "docker"]), default=None)
+@click.option("--backend", type=click.Choice(["local", "docker", "ray"]), default=None)
+@click.option("--ray-address", default=None, help="Ray cluster for --backend ray (HOST:PORT).")
 @click.option("--gpus", default=None, help="GPUs for lifetimes, e.g. 0,1,2,3.")
 @click.option("--python", "python_exe", default=None, help="Interpreter of the pinned stack.")
 @click.option("--pinned-dir", default=None, help="Directory holding the pinned package.")
@@ -85,8 +87,9 @@ def _progress(message: str) -> None:
 def start(
     good: str, bad: str, recipe_name: str | None, run_command: str | None, run_timeout: float,
     paths: tuple[str, ...], confidence: float | None, max_evaluations: int | None,
-    backend: str | None, gpus: str | None, python_exe: str | None, pinned_dir: str | None,
-    model: str | None, cost_new: float | None, cost_lifetime: float | None, no_controls: bool,
+    backend: str | None, ray_address: str | None, gpus: str | None, python_exe: str | None,
+    pinned_dir: str | None, model: str | None, cost_new: float | None,
+    cost_lifetime: float | None, no_controls: bool,
     repo: Path, state_dir: Path | None,
 ) -> None:
     """Start a bisect. With --recipe or --run it runs unattended to the end; with neither it
@@ -102,7 +105,8 @@ def start(
         )
         recipe_obj = recipe_obj.override(
             "runtime", backend=backend, python=python_exe, pinned_package_dir=pinned_dir,
-            model=model, gpus=tuple(g for g in gpus.split(",") if g) if gpus else None,
+            model=model, weights="" if model else None, gpus=tuple(g for g in gpus.split(",") if g) if gpus else None,
+            ray_address=ray_address,
         )
         if no_controls:
             recipe_obj = recipe_obj.override("probe", controls=False)
@@ -430,6 +434,7 @@ cli.add_command(artifacts_group)
 cli.add_command(probe_command)
 cli.add_command(demo_command)
 cli.add_command(model_group)
+cli.add_command(simulate_command)
 
 
 def main(argv: list[str] | None = None) -> None:

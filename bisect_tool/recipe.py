@@ -61,6 +61,9 @@ class RuntimeSettings:
     shm_size: str = "8g"
     boot_timeout_s: float = 600.0
     ray_address: str = ""
+    # ray: a directory mounted at the same path on every node; swap files under it travel as
+    # paths (checked by sha256 on the node) instead of through Ray's object store
+    ray_shared_cache: str = ""
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,10 @@ class State:
                 streak = self.inconclusive_streak.get(pos, 0) + 1
                 self.inconclusive_streak[pos] = streak
                 if streak >= MAX_INCONCLUSIVE_STREAK:
-                    self.strategy.mark_untestable(pos)
+                    if self.strategy.counts.total[pos]:
+                        self.strategy.retire(pos)  # keep the conclusive lifetimes it gave
+                    else:
+                        self.strategy.mark_untestable(pos)
                 return
             self.inconclusive_streak[pos] = 0
             if verdict is Verdict.DIVERGENT:
@@ -274,8 +277,16 @@ class Loop:
                         pool.submit(self.evaluator.evaluate, candidate.sha, lid, candidate.tags)
                         for lid in ids
                     ]
-                    for fut in futures:
-                        self._record(fut.result(), choice.position)
+                    try:
+                        for fut in futures:
+                            self._record(fut.result(), choice.position)
+                    except BaseException:
+                        # Ctrl-C or a failed lifetime: stop the others now (e.g. cancel their
+                        # Ray tasks), not after the pool has waited for them all.
+                        cancel = getattr(self.evaluator, "cancel", None)
+                        if cancel is not None:
+                            cancel()
+                        raise
 
     def _report_progress(self, position: int, reason: str, lifetimes: int) -> None:
         s = self.state.strategy

@@ -155,6 +155,7 @@ class BayesianStrategy:
         self.confidence = confidence
         self.counts = Counts(np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64))
         self.prepared: set[int] = set()
+        self.retired: set[int] = set()
         self._bb_p = _BetaBinomial(self.priors.p_alpha, self.priors.p_beta)
         self._bb_q = _BetaBinomial(self.priors.q_alpha, self.priors.q_beta)
         self._hyp = np.arange(1, self.n + 1)
@@ -177,6 +178,11 @@ class BayesianStrategy:
         self.counts.divergent[position] += int(divergent)
         self.prepared.add(position)
         self._invalidate()
+
+    def retire(self, position: int) -> None:
+        """Stop choosing ``position`` but keep its evidence (e.g. the probe keeps coming back
+        inconclusive there after some conclusive lifetimes)."""
+        self.retired.add(position)
 
     def mark_untestable(self, position: int) -> None:
         self.counts.untestable.add(position)
@@ -447,7 +453,9 @@ class BayesianStrategy:
         bad_side = self.bad_side_probability()
         found.update(i for i in self.prepared if 1e-4 < bad_side[i] < 1 - 1e-4)
         return sorted(
-            i for i in found if 0 <= i <= self.n and i not in self.counts.untestable
+            i
+            for i in found
+            if 0 <= i <= self.n and i not in self.counts.untestable and i not in self.retired
         )
 
     def select(self) -> Choice:

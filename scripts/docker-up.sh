@@ -12,7 +12,9 @@ set -u
 
 BASE_IMAGE="${BISECT_BASE_IMAGE:-bisect-base:bookworm}"
 SUITE="${BISECT_BASE_SUITE:-bookworm}"
-PACKAGES="python3,gcc,libc6-dev,make,ccache"
+# python3-numpy: the demo engine (bisect_tool/demo/stack) needs it inside containers
+# (`bisect demo --backend docker`); a base image made without it gets it in the derived demo image.
+PACKAGES="python3,python3-numpy,gcc,libc6-dev,make,ccache"
 DOCKERD_LOG="${DOCKERD_LOG:-/tmp/dockerd.log}"
 
 say() { echo "docker-up: $*"; }

@@ -63,7 +63,7 @@ def test_extension_without_torch_exits_3(tmp_path: Path, capsys) -> None:
     ("argv", "message"),
     [
         (["probe"], "exactly one of --server"),
-        (["probe", "--commit", "v0.26.0"], "--commit needs a session recipe"),
+        (["probe", "--commit", "no-such-ref-xyz"], "unknown ref"),
         (["probe", "--server", "localhost:8000"], "must be a URL"),
         (["probe", "--extension", "/nonexistent.so"], "no such file"),
         (["probe", "--extension", "/dev/null", "--env", "NOEQUALS"], "KEY=VALUE"),

@@ -4,6 +4,10 @@ Generates the demo repository (a vLLM-shaped history with one planted fix), then
 ``bisect start --good v0.27.0 --bad v0.26.0`` with source builds of each candidate's C
 extension, the extension swapped into the pinned demollm stack, several server lifetimes per
 candidate and the server determinism probe; prints the report (or ``--json``).
+
+``--backend docker`` runs every lifetime in a container of ``bisect-demo-stack:<digest>``, an image
+derived once from the offline ``bisect-base:bookworm`` with the pinned stack inside
+(``bisect_tool.demo.image``); candidates are still built on the host.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from bisect_tool.errors import UsageError
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the report.")
 @click.option(
     "--backend",
-    type=click.Choice(["local"]),
+    type=click.Choice(["local", "docker"]),
     default="local",
     show_default=True,
-    help="Where lifetimes run.",
+    help="Where lifetimes run: processes here, or containers of a demo image derived from "
+    "bisect-base:bookworm (scripts/docker-up.sh makes it).",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the history.")
 @click.option("--commits", type=int, default=300, show_default=True)
@@ -50,7 +55,6 @@ def demo_command(
 def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) -> None:
     from bisect_tool import cli as cli_mod
     from bisect_tool import journal as journal_mod
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.demo import pinned
     from bisect_tool.demo.history import generate
 
@@ -66,18 +70,8 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
         f"generated {repo} ({commits} commits); planted fix {history.planted_commit[:12]}", err=True
     )
     pinned.ensure_pinned_build()
-    # The bundled demo recipe leaves the pinned stack's location and the cache to run time: they
-    # depend on where bisect-tool is installed and on the work dir.
-    text = recipe_mod.find("demo").read_text()
-    text = re.sub(
-        r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text
-    )
-    text = re.sub(
-        r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{workdir / "cache"}"', text, count=1
-    )
-    recipe_path = workdir / "demo-recipe.toml"
-    recipe_path.write_text(text)
-    recipe_mod.load(str(recipe_path))  # validate before starting
+    image = _demo_image() if backend == "docker" else ""
+    recipe_path = write_recipe(workdir / "demo-recipe.toml", workdir / "cache", image=image)
     state_dir = workdir / "state"
     cli_mod.cli.main(
         args=[
@@ -131,6 +125,43 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
         "{probe_s:.1f}s, teardown {teardown_s:.1f}s, search and the rest {other_s:.1f}s; "
         "total / sum of lifetimes = {ratio:.2f}".format(**breakdown)
     )
+
+
+def write_recipe(path: Path, cache_dir: Path, *, image: str = "") -> Path:
+    """Write the demo recipe, completed for this machine, to ``path``; validated.
+
+    The bundled demo recipe leaves the pinned stack's location and the cache to run time: they
+    depend on where bisect-tool is installed and on the work dir. With ``image`` lifetimes run
+    in containers of that image (``[runtime] backend = "docker"``). Candidates are still built
+    on the host (``build_executor = "host"``): the host and the base image are both Debian
+    bookworm, and the compatibility gate loads each candidate's ``_kernels.so`` inside the image
+    before a lifetime trusts it.
+    """
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.demo import pinned
+
+    text = recipe_mod.find("demo").read_text()
+    text = re.sub(
+        r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text
+    )
+    text = re.sub(r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{cache_dir}"', text, count=1)
+    if image:
+        text, n = re.subn(
+            r'(?m)^backend = "local"', f'backend = "docker"\nimage = "{image}"', text, count=1
+        )
+        if n != 1:
+            raise UsageError("the bundled demo recipe has no [runtime] backend line to switch")
+    path.write_text(text)
+    recipe_mod.load(str(path))  # validate before anything starts
+    return path
+
+
+def _demo_image() -> str:
+    """The demo image's tag, built from bisect-base:bookworm when missing (once; by digest)."""
+    from bisect_tool.demo import image
+
+    with image.docker_client() as client:
+        return image.ensure_image(client, progress=lambda m: click.echo(m, err=True))
 
 
 def _breakdown(observations: list[dict[str, object]], wall: float) -> dict[str, float]:

@@ -1,17 +1,22 @@
-"""`bisect probe`: run one probe once, against a running server or an extension file.
+"""`bisect probe`: run one probe once, against a running server, an extension file, or a commit.
 
 Exit status is the verdict: 0 CLEAN, 1 DIVERGENT, 2 INCONCLUSIVE, 3 UNTESTABLE (bad flags are
 reported as usage errors by the main CLI). Only stdlib, click and (for ``--server``) httpx are
 imported, so ``python -m bisect_tool.probes --extension ...`` runs on a GPU machine that has
-PyTorch but not this tool's other dependencies.
+PyTorch but not this tool's other dependencies; ``--commit`` (artifacts, runtime, git) imports
+the rest only when given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +25,7 @@ import click
 from bisect_tool.errors import RecipeError, UsageError
 from bisect_tool.interfaces import ProbeResult, ServerHandle
 from bisect_tool.recipe import BUNDLED_DIR, ProbeSettings, load
-from bisect_tool.values import Verdict
+from bisect_tool.values import Observation, Verdict
 
 DEFAULT_RECIPE = "batch-invariance"
 EXIT_CODES = {
@@ -65,8 +70,17 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Interpreter with PyTorch for --extension (default: this one).")
 @click.option("--env", "env_pairs", multiple=True, metavar="K=V",
               help="Environment for the --extension child, e.g. VLLM_BATCH_INVARIANT=1.")
-@click.option("--commit", default=None, metavar="REF", help="Probe one candidate commit.")
+@click.option("--commit", default=None, metavar="REF",
+              help="Build/fetch this commit's artifacts as the recipe says and probe lifetimes.")
 @click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, help="Recipe name or path.")
+@click.option("--repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="With --commit: the target repository (your vLLM clone).")
+@click.option("--lifetimes", type=click.IntRange(min=0), default=1, show_default=True,
+              help="With --commit: fresh server lifetimes to probe (0 with --controls: only them).")
+@click.option("--controls", is_flag=True,
+              help="With --commit: also run the positive/negative controls on the commit.")
+@click.option("--state-dir", type=click.Path(path_type=Path), default=None,
+              help="With --commit: keep logs and builds' state here (default: a temp dir).")
 @click.option("--requests", type=int, default=None, help="Requests sharing the prefix (M).")
 @click.option("--fillers", type=int, default=None, help="Unrelated filler requests (F).")
 @click.option("--repeats", type=int, default=None, help="Repeats compared pairwise (R).")
@@ -83,6 +97,10 @@ def probe_command(
     env_pairs: tuple[str, ...],
     commit: str | None,
     recipe: str,
+    repo: Path,
+    lifetimes: int,
+    controls: bool,
+    state_dir: Path | None,
     requests: int | None,
     fillers: int | None,
     repeats: int | None,
@@ -98,11 +116,14 @@ def probe_command(
                                   ("--commit", commit)) if v is not None]
     if len(given) != 1:
         raise UsageError("give exactly one of --server URL, --extension PATH or --commit REF")
+    if commit is None and (controls or lifetimes != 1 or state_dir is not None):
+        raise UsageError("--controls, --lifetimes and --state-dir go with --commit REF")
     if commit is not None:
-        raise UsageError(
-            "--commit needs a session recipe; start a session with `bisect start` or probe a "
-            "running server with --server URL"
-        )
+        overrides = {"requests": requests, "fillers": fillers, "repeats": repeats,
+                     "max_tokens": max_tokens, "jitter_ms": jitter_ms}
+        verdict = _probe_commit(commit, recipe, repo, lifetimes, controls, state_dir,
+                                overrides, as_json)
+        sys.exit(EXIT_CODES[verdict])
     settings = probe_settings(recipe, requests=requests, fillers=fillers, repeats=repeats,
                               max_tokens=max_tokens, jitter_ms=jitter_ms)
     if server_url is not None:
@@ -141,3 +162,146 @@ def _probe_extension(
     from bisect_tool.probes.op import OpProbe
 
     return OpProbe(settings, python=python).run_extension(path, env)
+
+
+# ---- --commit: one candidate through the same stages a bisect uses -------------------------------
+
+
+def aggregate(verdicts: Sequence[Verdict]) -> Verdict:
+    """One verdict for several lifetimes of one commit.
+
+    The bug is intermittent, so one divergent lifetime is enough for DIVERGENT; CLEAN needs every
+    lifetime clean; all UNTESTABLE is UNTESTABLE; any other mix (or none) is INCONCLUSIVE.
+    """
+    if Verdict.DIVERGENT in verdicts:
+        return Verdict.DIVERGENT
+    if verdicts and all(v is Verdict.UNTESTABLE for v in verdicts):
+        return Verdict.UNTESTABLE
+    if verdicts and all(v is Verdict.CLEAN for v in verdicts):
+        return Verdict.CLEAN
+    return Verdict.INCONCLUSIVE
+
+
+@contextlib.contextmanager
+def _state(state_dir: Path | None) -> Iterator[Path]:
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        yield state_dir
+    else:
+        with tempfile.TemporaryDirectory(prefix="bisect-probe-") as tmp:
+            yield Path(tmp)
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _probe_commit(
+    ref: str,
+    recipe_name: str,
+    repo_path: Path,
+    lifetimes: int,
+    controls: bool,
+    state_dir: Path | None,
+    overrides: dict[str, Any],
+    as_json: bool,
+) -> Verdict:
+    """Probe ``lifetimes`` fresh lifetimes of one commit (and, with ``controls``, the controls)
+    through ``build_evaluator``, exactly as a bisect would evaluate that candidate."""
+    # Imported here: --server/--extension must work without git, docker and the artifacts stage.
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.evaluate import build_evaluator
+    from bisect_tool.range import open_repo, resolve_ref
+    from bisect_tool.runtime.common import sigterm_raises
+
+    if lifetimes == 0 and not controls:
+        raise UsageError("--lifetimes 0 probes nothing; give --lifetimes 1 or more, or --controls")
+    recipe = recipe_mod.load(recipe_name).override("probe", **overrides)
+    if recipe.probe.kind not in ("server", "op"):
+        raise UsageError(
+            f"recipe {recipe.name!r} has [probe] kind {recipe.probe.kind!r}; --commit needs a "
+            "server or op probe (for a command, use `bisect start --run`)"
+        )
+    if controls and recipe.probe.kind != "server":
+        raise UsageError("--controls needs a server probe; the op probe has no controls")
+    git_repo = open_repo(repo_path)
+    sha = resolve_ref(git_repo, ref)
+    # Release tags let the download provider find the commit's published wheel.
+    tags = {sha: tuple(t for t in git_repo.git.tag("--points-at", sha).split() if t)}
+    session = f"probe-{secrets.token_hex(4)}"
+    _progress(f"probing {sha[:12]} ({ref}) with recipe {recipe.name!r}, session {session}")
+    observations: list[Observation] = []
+    control_entry: dict[str, Any] | None = None
+    with _state(state_dir) as state, sigterm_raises(), build_evaluator(
+        recipe, repo_path.resolve(), session=session, state_dir=state, tags=tags,
+        progress=_progress,
+    ) as (evaluator, _parallel, controls_for):
+        if controls:
+            runner = controls_for(sha)
+            assert runner is not None  # a server probe always has a controls runner
+            _progress("running the controls (invariance off: concurrent, then sequential)")
+            control_entry = runner.run()
+            if not as_json:
+                _echo_controls(control_entry)
+        for index in range(lifetimes):
+            lifetime_id = f"{sha[:12]}-probe-{index}"
+            _progress(f"lifetime {index + 1}/{lifetimes}: {lifetime_id}")
+            obs = evaluator.evaluate(sha, lifetime_id, tags[sha])
+            observations.append(obs)
+            if not as_json:
+                _echo_lifetime(obs, recipe.probe.kind)
+    verdict = aggregate([o.verdict for o in observations]) if observations else (
+        Verdict.CLEAN if control_entry and control_entry["ok"] else Verdict.INCONCLUSIVE
+    )
+    note = ""
+    if control_entry is not None and not control_entry["ok"] and verdict is Verdict.CLEAN:
+        # A CLEAN means nothing when the probe could not show divergence (vLLM issue 51187:
+        # the dummy-weights lifetimes were all clean).
+        verdict = Verdict.INCONCLUSIVE
+        note = "the controls failed, so clean lifetimes are not evidence"
+    if as_json:
+        click.echo(json.dumps({
+            "commit": sha,
+            "ref": ref,
+            "verdict": verdict.value,
+            "note": note,
+            "lifetimes": [
+                {"lifetime_id": o.lifetime_id, "verdict": o.verdict.value, "message": o.message,
+                 "duration_s": round(o.duration_s, 3), "detail": o.detail}
+                for o in observations
+            ],
+            "controls": control_entry,
+        }, indent=2, default=str))
+    else:
+        counts = ", ".join(
+            f"{sum(o.verdict is v for o in observations)} {v.value}"
+            for v in Verdict if any(o.verdict is v for o in observations)
+        )
+        n = len(observations)
+        summary = f"{n} lifetime{'s' if n != 1 else ''}: {counts}" if n else "controls only"
+        click.echo(f"\n{verdict.value.upper()}: {sha[:12]} ({ref}): {summary}"
+                   + (f"; {note}" if note else ""))
+    return verdict
+
+
+def _echo_lifetime(obs: Observation, kind: str) -> None:
+    from bisect_tool.probes.render import render_op_detail, render_server_detail
+
+    click.echo(f"\n== lifetime {obs.lifetime_id}: {obs.verdict.value.upper()}: {obs.message}")
+    if obs.detail and obs.verdict is not Verdict.UNTESTABLE:
+        render = render_op_detail if kind == "op" else render_server_detail
+        click.echo(render(obs.detail))
+
+
+def _echo_controls(entry: dict[str, Any]) -> None:
+    from bisect_tool.probes.render import render_server_detail
+
+    for name, want in (("positive", "divergent"), ("negative", "clean")):
+        part = entry.get(name) or {}
+        got = str(part.get("verdict", "?"))
+        held = "held" if got == want else "FAILED"
+        click.echo(f"\n== {name} control (must be {want}): {got.upper()} ({held}): "
+                   f"{part.get('message', '')}")
+        if part.get("detail"):
+            click.echo(render_server_detail(part["detail"]))
+    click.echo(f"\ncontrols: {'ok' if entry.get('ok') else entry.get('problem')}")

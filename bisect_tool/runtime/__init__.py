@@ -3,7 +3,8 @@ set in place), checks a candidate's op schemas against the pinned stack's, and l
 
 ``make_backend`` picks the backend the recipe names: ``local`` (a child process group, runs
 anywhere incl. the lent GPU machine without Docker) or ``docker`` (a container of the pinned
-image per lifetime).
+image per lifetime); ``ray`` schedules each lifetime as a Ray task that runs the local backend
+on a cluster node (``ray_backend.py``, used through ``evaluate.build_evaluator``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def make_backend(
 ) -> LocalBackend | DockerBackend:
     """The backend ``settings.backend`` names; a Docker engine that is down is an
     ``InfrastructureError`` naming scripts/docker-up.sh."""
-    if settings.backend == "local":
+    if settings.backend in ("local", "ray"):
+        # ray: every node runs the local backend inside a Ray task
+        # (bisect_tool.runtime.ray_backend); on this host it finds and removes leftovers.
         return LocalBackend(settings, session=session, log_dir=log_dir, http_client=http_client)
     if settings.backend == "docker":
         from bisect_tool.runtime.docker_backend import DockerBackend
@@ -57,7 +60,8 @@ def make_backend(
             http_client=http_client,
         )
     raise RecipeError(
-        f"unknown runtime backend '{settings.backend}'; [runtime] backend must be local or docker"
+        f"unknown runtime backend '{settings.backend}'; "
+        "[runtime] backend must be local, docker or ray"
     )
 
 

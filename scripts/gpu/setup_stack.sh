@@ -7,7 +7,8 @@
 # so this script re-checks everything each time and says which payload is missing.
 #
 #   .devcarry/vllm026-py.tar.xz  -> /tmp/dev/site      vLLM 0.26.0's Python side (no GPU .so)
-#   .devcarry/deps.tar           -> /tmp/dev/deps      missing dependency wheels, pip --target
+#   .devcarry/deps-site.tar.xz   -> /tmp/dev/deps      missing dependencies, installed (preferred)
+#   .devcarry/deps.tar           -> /tmp/dev/deps      the same as wheels, pip --target there
 #   .devcarry/fa3.xz             -> /tmp/dev/site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so
 #   .devcarry/so26.xz            -> /tmp/dev/0.26.0/vllm/_C_stable_libtorch.abi3.so
 #   .devcarry/so27.xz            -> /tmp/dev/0.27.0/vllm/_C_stable_libtorch.abi3.so
@@ -16,7 +17,7 @@
 # /tmp/dev/site/vllm/, so the pinned package holds its own _C_stable_libtorch (the local backend's
 # overlay swaps the candidate's file over it; `bisect` checks op schemas against the pinned one).
 #
-# Usage: scripts/gpu/setup_stack.sh [--verify none|deps|server]   (default: deps)
+# Usage: scripts/gpu/setup_stack.sh [--verify none|deps|server] [--only-so]   (default: deps)
 #   deps:   import vllm and every dependency module the server imports (no GPU .so needed)
 #   server: also import vllm.entrypoints.openai.api_server (needs so26 in place: the CUDA
 #           platform imports vllm._C_stable_libtorch at module level)
@@ -26,7 +27,14 @@ set -euo pipefail
 DEV=${DEV:-/tmp/dev}
 CARRY=${CARRY:-.devcarry}
 VERIFY=deps
-if [[ ${1:-} == --verify ]]; then VERIFY=${2:?--verify needs none, deps or server}; fi
+ONLY_SO=0
+while (($#)); do
+  case $1 in
+    --verify) VERIFY=${2:?--verify needs none, deps or server}; shift 2 ;;
+    --only-so) ONLY_SO=1; VERIFY=none; shift ;;  # just the hash-checked .so files (op probe)
+    *) echo "usage: setup_stack.sh [--verify none|deps|server] [--only-so]" >&2; exit 2 ;;
+  esac
+done
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$DEV"
 # Hashes of the uncompressed extension files (printed by `bisect artifacts extract`).
@@ -69,7 +77,9 @@ check_sha() {  # FILE EXPECTED
 }
 
 # 1. vLLM 0.26.0's Python side.
-if [[ -f $DEV/site/.ok ]]; then
+if ((ONLY_SO)); then
+  :
+elif [[ -f $DEV/site/.ok ]]; then
   log "site: present ($(cat "$DEV/site/.ok"))"
 elif [[ -f $CARRY/vllm026-py.tar.xz ]]; then
   rm -rf "$DEV/site"
@@ -81,8 +91,17 @@ else
 fi
 
 # 2. Dependency wheels -> /tmp/dev/deps (pip installs offline, no resolution: the set is closed).
-if [[ -f $DEV/deps/.ok ]]; then
+if ((ONLY_SO)); then
+  :
+elif [[ -f $DEV/deps/.ok ]]; then
   log "deps: present ($(cat "$DEV/deps/.ok"))"
+elif [[ -f $CARRY/deps-site.tar.xz ]]; then
+  # Preferred: the same wheels installed here with `pip install --target` for CPython 3.12
+  # manylinux x86_64 and xz'd (24 MB against 47 MB of wheels), so call 1 fits with room.
+  rm -rf "$DEV/deps"
+  untar_xz "$CARRY/deps-site.tar.xz" "$DEV/deps"
+  echo "deps-site $(ls -d "$DEV"/deps/*.dist-info | wc -l) dists" >"$DEV/deps/.ok"
+  log "deps: unpacked $(cat "$DEV/deps/.ok")"
 elif [[ -f $CARRY/deps.tar ]]; then
   rm -rf "$DEV/deps" "$DEV/wheels"
   mkdir -p "$DEV/wheels"
@@ -93,7 +112,7 @@ elif [[ -f $CARRY/deps.tar ]]; then
   rm -rf "$DEV/wheels"
   log "deps: installed $(cat "$DEV/deps/.ok")"
 else
-  log "deps: MISSING (carry .devcarry/deps.tar: call 1 of docs/gpu-runbook.md)"
+  log "deps: MISSING (carry .devcarry/deps-site.tar.xz: call 1 of docs/gpu-runbook.md)"
 fi
 
 # 3. Compiled files. Each lands beside a .ok only after its hash matched.
@@ -138,7 +157,7 @@ mods = ["fastapi", "starlette", "uvicorn", "pydantic", "openai", "anthropic", "m
         "lark", "lmformatenforcer", "compressed_tensors", "depyf", "mistral_common",
         "partial_json_parser", "prometheus_fastapi_instrumentator", "openai_harmony",
         "model_hosting_container_standards", "opentelemetry.sdk", "watchfiles", "setproctitle",
-        "ijson", "cachetools", "pythonjsonlogger", "multipart", "jsonschema", "git", "tenacity",
+        "ijson", "cachetools", "pythonjsonlogger", "python_multipart", "jsonschema", "git", "tenacity",
         "docker", "transformers", "safetensors", "tokenizers", "torch", "triton"]
 bad = []
 for m in mods:

@@ -1,0 +1,397 @@
+"""The Ray backend: swap sets shipped and checked, and a real two-node Ray cluster that loses a
+node mid-bisect and still finds the planted commit.
+
+The cluster test needs ``ray`` (``pip install 'bisect-tool[ray]'``) and root for a network
+namespace: Ray takes the machine's interface address even when told 127.0.0.1, so the Ray
+processes and the driver run in ``unshare --net --pid --fork --mount-proc`` with only loopback
+up. The PID namespace also means ``ray stop --force`` and the node kill see only this cluster's
+processes, and that everything left dies with the namespace.
+
+This file is also the driver: ``python tests/test_ray.py drive ...`` runs inside the namespace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bisect_tool.errors import InfrastructureError
+from bisect_tool.interfaces import SwapSet
+from bisect_tool.runtime.ray_backend import INSTALL_HINT, pack_swap, unpack_swap
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAD_PORT = 6391
+WORKER_NM_PORT = 46391  # the worker node's raylet is found by this port on its command line
+
+try:
+    import ray  # noqa: F401
+
+    RAY_MISSING = ""
+except ImportError:
+    RAY_MISSING = f"ray is not installed ({INSTALL_HINT})"
+
+
+# ---- shipping a swap set (no cluster needed) ---------------------------------------------------
+
+
+def _swap(tmp_path: Path, data: bytes = b"\x7fELF candidate kernels") -> SwapSet:
+    path = tmp_path / "cache" / "abc" / "_kernels.so"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    return SwapSet(
+        "a" * 40,
+        {"demollm/_kernels.so": path},
+        "source-build",
+        "x",
+        {"demollm/_kernels.so": digest},
+    )
+
+
+def test_swap_set_arrives_byte_identical_in_the_node_cache(tmp_path: Path) -> None:
+    swap = _swap(tmp_path)
+    shipped = pack_swap(swap)
+    arrived = unpack_swap(shipped, tmp_path / "node")
+    placed = arrived.files["demollm/_kernels.so"]
+    assert placed.read_bytes() == b"\x7fELF candidate kernels"
+    assert tmp_path / "node" in placed.parents  # a node-local copy, not the driver's path
+    assert arrived.sha256 == swap.sha256
+    again = unpack_swap(shipped, tmp_path / "node")  # content-addressed: reused
+    assert again.files == arrived.files
+
+
+def test_corrupted_bytes_are_an_infrastructure_error_not_a_verdict(tmp_path: Path) -> None:
+    shipped = pack_swap(_swap(tmp_path))
+    f = shipped.files[0]
+    bad = type(shipped)(shipped.commit, (type(f)(f.rel, f.sha256, data=b"flipped"),))
+    with pytest.raises(InfrastructureError, match="arrived corrupted"):
+        unpack_swap(bad, tmp_path / "node")
+    assert not (tmp_path / "node").exists() or not any((tmp_path / "node").rglob("*.so"))
+
+
+def test_a_changed_cache_file_is_refused_on_the_driver(tmp_path: Path) -> None:
+    swap = _swap(tmp_path)
+    swap.files["demollm/_kernels.so"].write_bytes(b"changed after it was verified")
+    with pytest.raises(InfrastructureError, match="changed in the artifact cache"):
+        pack_swap(swap)
+
+
+def test_shared_cache_sends_paths_and_the_node_checks_them(tmp_path: Path) -> None:
+    swap = _swap(tmp_path)
+    shipped = pack_swap(swap, shared_cache=str(tmp_path / "cache"))
+    assert shipped.files[0].data is None  # only the path and hash travel
+    arrived = unpack_swap(shipped, tmp_path / "node")
+    assert arrived.files["demollm/_kernels.so"] == swap.files["demollm/_kernels.so"].resolve()
+    swap.files["demollm/_kernels.so"].write_bytes(b"stale mount")
+    with pytest.raises(InfrastructureError, match="stale or not shared"):
+        unpack_swap(shipped, tmp_path / "node")
+
+
+def test_backend_ray_without_ray_names_the_install_command(tmp_path: Path) -> None:
+    """Run the real CLI with ``ray`` made unimportable: one line, the install command."""
+    from bisect_tool.demo.history import generate
+
+    history = generate(tmp_path / "repo", seed=0, commits=60)
+    recipe = _demo_recipe(tmp_path)
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["ray"] = None  # import ray -> ImportError, as when the extra is missing
+        from bisect_tool.cli import main
+        main(["start", "--good", "{history.good_tag}", "--bad", "{history.bad_tag}",
+              "--recipe", "{recipe}", "--repo", "{tmp_path / "repo"}",
+              "--state-dir", "{tmp_path / "state"}", "--backend", "ray", "--no-controls"])
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+    assert last.startswith("bisect:") and INSTALL_HINT in last
+
+
+# ---- a real two-node cluster -------------------------------------------------------------------
+
+
+def _demo_recipe(workdir: Path) -> Path:
+    """The bundled demo recipe with the pinned stack and cache filled in, as `bisect demo` does."""
+    import re
+
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.demo import pinned
+
+    pinned.ensure_pinned_build()
+    text = recipe_mod.find("demo").read_text()
+    text = re.sub(
+        r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text
+    )
+    text = re.sub(
+        r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{workdir / "cache"}"', text, count=1
+    )
+    path = workdir / "demo-recipe.toml"
+    path.write_text(text)
+    return path
+
+
+def _netns_problem() -> str:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "unshare or ip missing: cannot make a loopback-only network namespace"
+    proc = subprocess.run(
+        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "ip", "link", "set", "lo", "up"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    if proc.returncode != 0:
+        return f"no network namespace here ({proc.stderr.strip()[:120]}); needs root/CAP_SYS_ADMIN"
+    return ""
+
+
+def test_bisect_on_two_ray_nodes_survives_losing_one(tmp_path: Path) -> None:
+    if RAY_MISSING:
+        print(f"skipped: {RAY_MISSING}")
+        pytest.skip(RAY_MISSING)
+    problem = _netns_problem()
+    if problem:
+        print(f"skipped: {problem}")
+        pytest.skip(problem)
+    # Short: Ray's unix socket paths live under the temp dir (108-byte limit).
+    ray_tmp = Path(tempfile.mkdtemp(prefix="bray", dir="/tmp"))
+    try:
+        out = tmp_path / "result.json"
+        script = cluster_script(ray_tmp, tmp_path / "work", out, num_gpus=2, worker=True)
+        proc = subprocess.run(
+            ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+        assert out.exists(), (
+            f"driver wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+        result = json.loads(out.read_text())
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert result["error"] == "", result["error"]
+    assert result["state"] == "done"
+    assert result["flip_commit"] == result["planted_commit"]
+    assert result["killed_lifetime"], "the worker node was never killed mid-lifetime"
+    # Both nodes ran lifetimes, and the one lost with its node was rerun, recorded exactly once.
+    assert len(result["nodes"]) == 2, result["nodes"]
+    assert result["lifetime_ids_unique"]
+    assert result["killed_lifetime_count"] == 1
+    assert result["killed_lifetime_node"] != result["worker_node_id"]
+
+
+def cluster_script(
+    ray_tmp: Path, workdir: Path, out: Path, *, num_gpus: int, worker: bool, extra: str = ""
+) -> str:
+    """Bash for inside the namespace: a head (+ a worker node), the driver, then stop."""
+    venv_bin = Path(sys.executable).parent
+    common = "--node-ip-address 127.0.0.1 --disable-usage-stats --num-cpus 4"
+    worker_cmd = (
+        f"ray start --address 127.0.0.1:{HEAD_PORT} {common} --num-gpus {num_gpus} "
+        f"--node-manager-port {WORKER_NM_PORT} >/dev/null\n"
+        if worker
+        else ""
+    )
+    return (
+        textwrap.dedent(
+            f"""\
+        ip link set lo up
+        export PATH={venv_bin}:$PATH RAY_USAGE_STATS_ENABLED=0
+        # Notice a lost node in ~3 s instead of ~15 s (GCS health checks).
+        export RAY_health_check_period_ms=1000 RAY_health_check_failure_threshold=3
+        export RAY_health_check_initial_delay_ms=1000
+        ray start --head --port {HEAD_PORT} {common} --num-gpus {num_gpus} \\
+            --include-dashboard=false --temp-dir {ray_tmp} >/dev/null || exit 3
+        """
+        )
+        + worker_cmd
+        + textwrap.dedent(
+            f"""\
+        {sys.executable} {Path(__file__).resolve()} {extra or "drive"} --workdir {workdir} \\
+            --address 127.0.0.1:{HEAD_PORT} --out {out}
+        rc=$?
+        ray stop --force >/dev/null 2>&1
+        exit $rc
+        """
+        )
+    )
+
+
+# ---- the driver, run inside the namespace ------------------------------------------------------
+
+
+def _worker_raylet() -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            cmd
+            and cmd[0].endswith(b"raylet")
+            and (f"--node_manager_port={WORKER_NM_PORT}".encode() in cmd)
+        ):
+            return int(entry.name)
+    return None
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def _descendants(pid: int) -> list[int]:
+    tree, found, todo = _children(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _env_of(pid: int, name: str) -> str:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    prefix = f"{name}=".encode()
+    return next((e[len(prefix) :].decode() for e in env if e.startswith(prefix)), "")
+
+
+def _kill_worker_node_mid_lifetime(
+    journal: Path, state: dict[str, Any], stop: threading.Event
+) -> None:
+    """Once the worker node serves a lifetime (and the bisect is under way), SIGKILL the node:
+    its raylet and every process under it, the lifetime's server included (a machine lost)."""
+    while not stop.wait(0.2):
+        raylet = _worker_raylet()
+        if raylet is None or not journal.exists():
+            continue
+        if journal.read_text().count('"type": "observation"') < 2:
+            continue
+        below = _descendants(raylet)
+        serving = [p for p in below if _env_of(p, "BISECT_LIFETIME")]
+        if not serving:
+            continue
+        state["killed_lifetime"] = _env_of(serving[0], "BISECT_LIFETIME")
+        for pid in [raylet, *below]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return
+
+
+def drive(workdir: Path, address: str, out: Path) -> None:
+    import ray as ray_mod
+
+    from bisect_tool import cli as cli_mod
+    from bisect_tool import journal as journal_mod
+    from bisect_tool.demo.history import generate
+
+    result: dict[str, Any] = {"error": "", "killed_lifetime": ""}
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        history = generate(workdir / "repo", seed=0, commits=80)
+        recipe = _demo_recipe(workdir)
+        state_dir = workdir / "state"
+        journal = state_dir / journal_mod.JOURNAL_NAME
+        ray_mod.init(address=address, logging_level="ERROR", log_to_driver=False)
+        worker_node = next(
+            n["NodeID"]
+            for n in ray_mod.nodes()
+            if n["Alive"] and n.get("NodeManagerPort") == WORKER_NM_PORT
+        )
+        ray_mod.shutdown()
+        stop = threading.Event()
+        killer = threading.Thread(
+            target=_kill_worker_node_mid_lifetime, args=(journal, result, stop), daemon=True
+        )
+        killer.start()
+        try:
+            cli_mod.cli.main(
+                args=[
+                    "start",
+                    "--good",
+                    history.good_tag,
+                    "--bad",
+                    history.bad_tag,
+                    "--recipe",
+                    str(recipe),
+                    "--repo",
+                    str(workdir / "repo"),
+                    "--state-dir",
+                    str(state_dir),
+                    "--backend",
+                    "ray",
+                    "--ray-address",
+                    address,
+                ],
+                prog_name="bisect",
+                standalone_mode=False,
+            )
+        finally:
+            stop.set()
+            killer.join()
+        contents = journal_mod.read(journal)
+        obs = contents.observations
+        ids = [o["lifetime_id"] for o in obs]
+        summary = (contents.end or {}).get("summary", {})
+        killed = [o for o in obs if o["lifetime_id"] == result["killed_lifetime"]]
+        result.update(
+            state=(contents.end or {}).get("state"),
+            flip_commit=summary.get("flip_commit"),
+            planted_commit=history.planted_commit,
+            lifetimes=len(obs),
+            nodes=sorted({(o["detail"].get("ray") or {}).get("node_id", "") for o in obs}),
+            worker_node_id=worker_node,
+            lifetime_ids_unique=len(ids) == len(set(ids)),
+            killed_lifetime_count=len(killed),
+            killed_lifetime_node=(killed[0]["detail"].get("ray") or {}).get("node_id")
+            if killed
+            else None,
+            attempts=[(o["detail"].get("ray") or {}).get("attempts") for o in obs],
+        )
+    except BaseException as exc:  # reported to the test, which shows it
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["drive"])
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    drive(args.workdir, args.address, args.out)
