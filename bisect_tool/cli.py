@@ -29,7 +29,6 @@ def cli() -> None:
     """Find the vLLM commit that introduced or fixed an intermittent bug in compiled kernels."""
 
 
-
 def _state_dir(repo: Path, state_dir: Path | None) -> Path:
     """Default: inside the target repository's git dir, as git bisect keeps its state."""
     if state_dir is not None:
@@ -51,11 +50,17 @@ def _journal_path(repo: Path, state_dir: Path | None) -> Path:
 
 
 repo_option = click.option(
-    "--repo", "repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+    "--repo",
+    "repo",
+    type=click.Path(path_type=Path),
+    default=Path("."),
+    show_default=True,
     help="The target repository (your vLLM clone).",
 )
 state_option = click.option(
-    "--state-dir", type=click.Path(path_type=Path), default=None,
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=None,
     help="Where the journal and logs live (default: <repo>/.git/bisect-tool).",
 )
 
@@ -85,12 +90,25 @@ def _progress(message: str) -> None:
 @repo_option
 @state_option
 def start(
-    good: str, bad: str, recipe_name: str | None, run_command: str | None, run_timeout: float,
-    paths: tuple[str, ...], confidence: float | None, max_evaluations: int | None,
-    backend: str | None, ray_address: str | None, gpus: str | None, python_exe: str | None,
-    pinned_dir: str | None, model: str | None, cost_new: float | None,
-    cost_lifetime: float | None, no_controls: bool,
-    repo: Path, state_dir: Path | None,
+    good: str,
+    bad: str,
+    recipe_name: str | None,
+    run_command: str | None,
+    run_timeout: float,
+    paths: tuple[str, ...],
+    confidence: float | None,
+    max_evaluations: int | None,
+    backend: str | None,
+    ray_address: str | None,
+    gpus: str | None,
+    python_exe: str | None,
+    pinned_dir: str | None,
+    model: str | None,
+    cost_new: float | None,
+    cost_lifetime: float | None,
+    no_controls: bool,
+    repo: Path,
+    state_dir: Path | None,
 ) -> None:
     """Start a bisect. With --recipe or --run it runs unattended to the end; with neither it
     prints the next candidate to judge with `bisect good|bad|skip`."""
@@ -100,12 +118,20 @@ def start(
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
     if recipe_obj is not None:
         recipe_obj = recipe_obj.override(
-            "search", confidence=confidence, max_evaluations=max_evaluations,
-            cost_new_candidate=cost_new, cost_lifetime=cost_lifetime,
+            "search",
+            confidence=confidence,
+            max_evaluations=max_evaluations,
+            cost_new_candidate=cost_new,
+            cost_lifetime=cost_lifetime,
         )
         recipe_obj = recipe_obj.override(
-            "runtime", backend=backend, python=python_exe, pinned_package_dir=pinned_dir,
-            model=model, weights="" if model else None, gpus=tuple(g for g in gpus.split(",") if g) if gpus else None,
+            "runtime",
+            backend=backend,
+            python=python_exe,
+            pinned_package_dir=pinned_dir,
+            model=model,
+            weights="" if model else None,
+            gpus=tuple(g for g in gpus.split(",") if g) if gpus else None,
             ray_address=ray_address,
         )
         if no_controls:
@@ -129,8 +155,11 @@ def start(
         }
     mode = "run" if run_command else ("recipe" if recipe_obj else "manual")
     header = session.header_for(
-        commit_range, recipe=recipe_dict, command=["bisect", *sys.argv[1:]],
-        repo=repo.resolve(), mode=mode,
+        commit_range,
+        recipe=recipe_dict,
+        command=["bisect", *sys.argv[1:]],
+        repo=repo.resolve(),
+        mode=mode,
     )
     header["run_command"] = run_command or ""
     header["run_timeout"] = run_timeout
@@ -139,7 +168,8 @@ def start(
     click.echo(
         f"bisecting {len(commit_range.candidates)} candidates ({commit_range.direction}: "
         f"looking for the first {'bad' if commit_range.direction == 'regression' else 'good'} "
-        "commit)", err=True,
+        "commit)",
+        err=True,
     )
     _continue(repo, state_dir)
 
@@ -180,8 +210,12 @@ def _continue(repo: Path, state_dir: Path | None) -> None:
         else:
             recipe_obj = recipe_mod.from_dict_loose(header["recipe"])
             with build_evaluator(
-                recipe_obj, Path(header["repo"]), session=header["session"],
-                state_dir=journal_path.parent, tags=tags, progress=_progress,
+                recipe_obj,
+                Path(header["repo"]),
+                session=header["session"],
+                state_dir=journal_path.parent,
+                tags=tags,
+                progress=_progress,
             ) as (evaluator, parallel, controls_for):
                 if recipe_obj.probe.controls and state.controls is None:
                     runner = controls_for(state.candidates[state.strategy.good_end].sha)
@@ -193,10 +227,13 @@ def _continue(repo: Path, state_dir: Path | None) -> None:
                 if state.controls is not None and not state.controls.get("ok", True):
                     positive = (state.controls.get("positive") or {}).get("verdict")
                     if positive != "divergent":
-                        journal.append({
-                            "type": "end", "state": session.CONTROLS_FAILED,
-                            "message": state.controls.get("problem", ""),
-                        })
+                        journal.append(
+                            {
+                                "type": "end",
+                                "state": session.CONTROLS_FAILED,
+                                "message": state.controls.get("problem", ""),
+                            }
+                        )
                         raise AbortError(
                             "controls failed, so a CLEAN would mean nothing: "
                             f"{state.controls.get('problem')}"
@@ -322,7 +359,8 @@ def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | Non
             # journal the outcome, as the unattended loop does: `status` then says done and a
             # later `start` is not refused as "already in progress"
             state_name, message = session.stop_reason(state) or (
-                session.NO_CANDIDATE, "every candidate that could tell the flip apart is untestable"
+                session.NO_CANDIDATE,
+                "every candidate that could tell the flip apart is untestable",
             )
             _print_outcome(session.finish(journal, state, state_name, message), state)
             return
@@ -334,9 +372,11 @@ for _name, _verdict, _help in (
     ("bad", Verdict.DIVERGENT, "Mark REF (default: the next candidate) as bad in one lifetime."),
     ("skip", Verdict.UNTESTABLE, "Mark REF (default: the next candidate) as untestable."),
 ):
+
     def _make(verdict: Verdict = _verdict) -> Callable[..., None]:
         def command(ref: str | None, repo: Path, state_dir: Path | None) -> None:
             _manual(verdict, ref, repo, state_dir)
+
         return command
 
     cli.command(_name, help=_help)(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,8 @@ def _netns_problem() -> str:
     return ""
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(330)
 def test_bisect_on_two_ray_nodes_survives_losing_one(tmp_path: Path) -> None:
     if RAY_MISSING:
         print(f"skipped: {RAY_MISSING}")
@@ -188,6 +192,7 @@ def test_bisect_on_two_ray_nodes_survives_losing_one(tmp_path: Path) -> None:
         result = json.loads(out.read_text())
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    print(json.dumps({k: v for k, v in result.items() if k != "attempts"}, indent=1))
     assert result["error"] == "", result["error"]
     assert result["state"] == "done"
     assert result["flip_commit"] == result["planted_commit"]
@@ -197,6 +202,15 @@ def test_bisect_on_two_ray_nodes_survives_losing_one(tmp_path: Path) -> None:
     assert result["lifetime_ids_unique"]
     assert result["killed_lifetime_count"] == 1
     assert result["killed_lifetime_node"] != result["worker_node_id"]
+    # Infrastructure failures are retried, then raised: never a verdict.
+    assert "failed on the Ray cluster 3 times" in result["infra_error"], result["infra_error"]
+    # Ctrl-C: the running lifetime's task is cancelled and its server is gone.
+    assert result["cancel_saw_server"] and result["cancelled_tasks"] == 1
+    assert "cancelled" in result["cancel_outcome"].get("abort", ""), result["cancel_outcome"]
+    assert result["leftover_servers"] == 0
+    # The controls ran as a Ray task and came back as a journal entry (ok or not: intermittent).
+    assert result["controls"]["type"] == "controls"
+    assert result["controls"]["ok"] in (True, False)
 
 
 def cluster_script(
@@ -310,6 +324,88 @@ def _kill_worker_node_mid_lifetime(
         return
 
 
+class _FixedSwap:
+    """Provider with one swap set (the driver side needs nothing more for these checks)."""
+
+    def __init__(self, swap: SwapSet) -> None:
+        self.swap = swap
+
+    def get(self, commit: str, tags: Any = ()) -> SwapSet:
+        return self.swap
+
+    def prefetch(self, commits: Any, tags: Any) -> None:
+        return None
+
+
+def _faults(workdir: Path, recipe_path: Path, bad_tag: str) -> dict[str, Any]:
+    """After the bisect, on the surviving node: an infrastructure failure on every attempt, and
+    a cancelled lifetime (what Ctrl-C does)."""
+    import dataclasses
+
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.artifacts import make_provider
+    from bisect_tool.errors import AbortError
+    from bisect_tool.runtime.ray_backend import ray_evaluator
+
+    found: dict[str, Any] = {}
+    recipe = recipe_mod.load(str(recipe_path))
+    # A shared cache the node cannot read: the task fails with InfrastructureError each time.
+    shared = workdir / "not-mounted"
+    broken = dataclasses.replace(
+        recipe, runtime=dataclasses.replace(recipe.runtime, ray_shared_cache=str(shared))
+    )
+    swap = SwapSet(
+        "b" * 40,
+        {"demollm/_kernels.so": shared / "_kernels.so"},
+        sha256={"demollm/_kernels.so": "0" * 64},
+    )
+    with ray_evaluator(_FixedSwap(swap), broken, session="faults", tags={}) as ev:
+        try:
+            obs = ev.evaluate("b" * 40, "bbbbbbbbbbbb-0")
+            found["infra_error"] = f"no error, got {obs.verdict}"
+        except InfrastructureError as exc:
+            found["infra_error"] = str(exc)
+    sha = subprocess.run(
+        ["git", "-C", str(workdir / "repo"), "rev-parse", f"{bad_tag}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    with (
+        make_provider(recipe.artifacts, workdir / "repo", log_dir=workdir / "logs") as provider,
+        ray_evaluator(provider, recipe, session="cancelme", tags={}) as ev,
+    ):
+        controls = ev.controls_for(sha).run()
+        found["controls"] = {k: controls.get(k) for k in ("type", "commit", "ok")}
+        outcome: dict[str, str] = {}
+
+        def run() -> None:
+            try:
+                outcome["obs"] = str(ev.evaluate(sha, f"{sha[:12]}-cancel").verdict)
+            except AbortError as exc:
+                outcome["abort"] = str(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _servers_of("cancelme"):
+            time.sleep(0.1)  # wait until the lifetime's server runs on the node
+        found["cancel_saw_server"] = bool(_servers_of("cancelme"))
+        found["cancelled_tasks"] = ev.cancel()
+        thread.join(30)
+        found["cancel_outcome"] = outcome
+    found["leftover_servers"] = len(_servers_of("cancelme"))
+    return found
+
+
+def _servers_of(session: str) -> list[int]:
+    return [
+        int(e.name)
+        for e in Path("/proc").iterdir()
+        if e.name.isdigit() and _env_of(int(e.name), "BISECT_SESSION") == session
+    ]
+
+
 def drive(workdir: Path, address: str, out: Path) -> None:
     import ray as ray_mod
 
@@ -324,7 +420,7 @@ def drive(workdir: Path, address: str, out: Path) -> None:
         recipe = _demo_recipe(workdir)
         state_dir = workdir / "state"
         journal = state_dir / journal_mod.JOURNAL_NAME
-        ray_mod.init(address=address, logging_level="ERROR", log_to_driver=False)
+        ray_mod.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         worker_node = next(
             n["NodeID"]
             for n in ray_mod.nodes()
@@ -354,6 +450,9 @@ def drive(workdir: Path, address: str, out: Path) -> None:
                     "ray",
                     "--ray-address",
                     address,
+                    # The controls' positive side is itself intermittent on the demo; _faults
+                    # runs them through Ray separately, without making this run depend on them.
+                    "--no-controls",
                 ],
                 prog_name="bisect",
                 standalone_mode=False,
@@ -379,7 +478,11 @@ def drive(workdir: Path, address: str, out: Path) -> None:
             if killed
             else None,
             attempts=[(o["detail"].get("ray") or {}).get("attempts") for o in obs],
+            killed_lifetime_pids=sorted(
+                {str((o["detail"].get("ray") or {}).get("pid")) for o in killed}
+            ),
         )
+        result.update(_faults(workdir, recipe, history.bad_tag))
     except BaseException as exc:  # reported to the test, which shows it
         result["error"] = f"{type(exc).__name__}: {exc}"
     out.write_text(json.dumps(result, indent=2))

@@ -26,7 +26,7 @@ def test_batch_invariance_recipe_is_the_seed_setup() -> None:
     assert r.runtime.env == {"VLLM_BATCH_INVARIANT": "1"}
     assert "--no-enable-prefix-caching" in r.runtime.server_args
     assert "dummy" not in " ".join(r.runtime.server_args)  # dummy weights hide the bug
-    assert r.runtime.weights == "random"
+    assert r.runtime.weights == "random:models/qwen3-0.6b"
     p = r.probe
     assert (p.requests, p.fillers, p.prefix_tokens, p.repeats, p.max_tokens, p.logprobs) == (
         31,

@@ -202,3 +202,25 @@ def test_model_random_with_missing_config_names_the_fix(
         main(["model", "random", "--config", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
     assert caught.value.code == UsageError.exit_code
     assert "config not found" in capsys.readouterr().err
+
+
+def test_gate_accepts_a_trailing_argument_with_a_default_but_not_a_required_one() -> None:
+    # Measured on the H200 between vLLM 0.26.0 and 0.27.0's _C_stable_libtorch: the pinned
+    # 0.26.0 Python still calls dsv3_fused_a_gemm with three arguments, so the new defaulted
+    # one is compatible; a new required argument would break those calls.
+    from bisect_tool.runtime.schemas import compare_schemas
+
+    op = "_C::dsv3_fused_a_gemm"
+    pinned = {op: f"{op}(Tensor($0! -> ) output, Tensor mat_a, Tensor mat_b) -> ()"}
+    defaulted = {
+        op: f"{op}(Tensor($0! -> ) output, Tensor mat_a, Tensor mat_b, bool enable_pdl=False) -> ()"
+    }
+    required = {
+        op: f"{op}(Tensor($0! -> ) output, Tensor mat_a, Tensor mat_b, bool enable_pdl) -> ()"
+    }
+    changed_return = {op: f"{op}(Tensor($0! -> ) output, Tensor mat_a, Tensor mat_b) -> Tensor"}
+    assert compare_schemas(pinned, defaulted) == []
+    assert compare_schemas(pinned, required) == [
+        f"op {op} changed: pinned '{pinned[op]}' vs candidate '{required[op]}'"
+    ]
+    assert len(compare_schemas(pinned, changed_return)) == 1

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import tempfile
 import threading
@@ -500,7 +501,7 @@ def connect(ray: ModuleType, address: str) -> None:
     try:
         ray.init(
             address=address,
-            logging_level="ERROR",
+            logging_level=logging.ERROR,
             log_to_driver=False,  # the lifetimes' output goes to their log files, not the CLI
             include_dashboard=False,
             configure_logging=True,

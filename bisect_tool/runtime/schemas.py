@@ -85,11 +85,56 @@ def compare_schemas(pinned: Mapping[str, str], candidate: Mapping[str, str]) -> 
     for op in sorted(pinned):
         if op not in candidate:
             problems.append(f"candidate lacks op {op}")
-        elif _normal(pinned[op]) != _normal(candidate[op]):
+        elif _normal(pinned[op]) != _normal(candidate[op]) and not _extends(
+            pinned[op], candidate[op]
+        ):
             problems.append(
                 f"op {op} changed: pinned '{pinned[op]}' vs candidate '{candidate[op]}'"
             )
     return problems
+
+
+def _split_schema(schema: str) -> tuple[str, list[str], str] | None:
+    """``name(arg, arg=default) -> ret`` as (name, args, ret); None when it does not parse."""
+    text = _normal(schema)
+    open_at = text.find("(")
+    if open_at < 0:
+        return None
+    args: list[str] = []
+    depth, current = 0, ""
+    for index in range(open_at + 1, len(text)):
+        ch = text[index]
+        if ch in ")]" and depth == 0:
+            if current.strip():
+                args.append(current.strip())
+            return text[:open_at], args, text[index + 1 :].strip()
+        if ch == "," and depth == 0:
+            args.append(current.strip())
+            current = ""
+            continue
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        current += ch
+    return None
+
+
+def _extends(pinned: str, candidate: str) -> bool:
+    """The candidate only appends arguments with defaults: old callers still work.
+
+    Seen between vLLM 0.26.0 and 0.27.0: ``_C::dsv3_fused_a_gemm`` gained
+    ``bool enable_pdl=False``; the pinned 0.26.0 Python calls it without that argument.
+    """
+    old, new = _split_schema(pinned), _split_schema(candidate)
+    if old is None or new is None or old[0] != new[0] or old[2] != new[2]:
+        return False
+    old_args, new_args = old[1], new[1]
+    return (
+        len(new_args) > len(old_args)
+        and new_args[: len(old_args)] == old_args
+        and all("=" in a for a in new_args[len(old_args) :])
+    )
 
 
 def parse_dump(stdout: str, what: str) -> dict[str, str] | None:

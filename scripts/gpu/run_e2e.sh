@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
-# PLACEHOLDER: the unattended loop on the GPU machine (issue 8). NOT READY: see
-# scripts/gpu/TODO-run_e2e.md for what is unverified. It refuses to run until
-# BISECT_E2E_READY=1 is set, so nobody mistakes it for a checked run. The same experiment by hand,
-# which does work today, is scripts/gpu/serve_probe.sh.
+# Issue 8 on the lent H200: `bisect start --good v0.27.0 --bad v0.26.0 --recipe batch-invariance`
+# with the local backend, the pinned stack being vLLM 0.26.0's Python side, the two releases'
+# `_C_stable_libtorch.abi3.so` imported into the tool's cache from files (the machine cannot
+# download), a random Qwen3-0.6B-shaped checkpoint, the controls, and the report.
 #
-# Runs ON THE GPU MACHINE, from the repo root, after setup_stack.sh (stack in /tmp/dev) and with
-# both releases' _C_stable_libtorch unpacked (/tmp/dev/0.26.0, /tmp/dev/0.27.0).
+# Runs ON THE GPU MACHINE from the repo root after setup_stack.sh has unpacked the stack into
+# /tmp/dev (see docs/gpu-runbook.md). The machine has no vLLM clone, so the range lives in a
+# stand-in repository with one commit per release, tagged v0.26.0 and v0.27.0, each touching
+# csrc/ (a release-level bisect: the candidates are releases, their artifacts the release wheels').
 set -euo pipefail
 DEV=${DEV:-/tmp/dev}
 OUT=${OUT:-$DEV/out}
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [[ ${BISECT_E2E_READY:-0} != 1 ]]; then
-  echo "run_e2e.sh: not ready; read $HERE/TODO-run_e2e.md (set BISECT_E2E_READY=1 once fixed)" >&2
-  exit 2
-fi
-export PYTHONPATH="$DEV/site:$DEV/deps"   # bisect's own deps (gitpython, tenacity, docker) ride in deps.tar
+mkdir -p "$OUT"
+export BISECT_CACHE_DIR=$DEV/cache
+export PYTHONPATH=$PWD:$DEV/tool:$DEV/site:$DEV/deps
 export VLLM_USE_FLASHINFER_SAMPLER=0
-REPO=${VLLM_REPO:?TODO: a vLLM git repo with tags v0.26.0 and v0.27.0 on the device}
-GOOD_SHA=${GOOD_SHA:?TODO: full SHA of v0.27.0}
-BAD_SHA=${BAD_SHA:?TODO: full SHA of v0.26.0}
-
-# Artifacts cannot be downloaded there (no internet): import the two ends into the cache.
-python3 -m bisect_tool artifacts import --commit "$BAD_SHA" --repo "$REPO" \
-  "$DEV/0.26.0/vllm/_C_stable_libtorch.abi3.so" --cache-dir "$DEV/cache"
-python3 -m bisect_tool artifacts import --commit "$GOOD_SHA" --repo "$REPO" \
-  "$DEV/0.27.0/vllm/_C_stable_libtorch.abi3.so" --cache-dir "$DEV/cache"
-
-# TODO(lead): flags to be fixed once the loop exists on the device (cache dir flag, model path).
-BISECT_CACHE_DIR=$DEV/cache python3 -m bisect_tool start --good v0.27.0 --bad v0.26.0 \
-  --recipe batch-invariance --backend local --python python3 --pinned-dir "$DEV/site" \
-  --model "$DEV/qwen3-rand" --repo "$REPO" --state-dir "$DEV/state" --max-evaluations 8 \
-  2>&1 | tee "$OUT/e2e-bisect.log"
-python3 -m bisect_tool report --repo "$REPO" --state-dir "$DEV/state" >"$OUT/e2e-report.md" || true
+R=$DEV/releases
+rm -rf "$R" "$DEV/state"
+git init -q "$R"
+mkdir -p "$R/csrc"
+for v in 0.26.0 0.27.0; do
+  echo "$v" > "$R/csrc/VERSION"
+  git -C "$R" add -A
+  git -C "$R" -c user.email=bisect@localhost -c user.name=bisect commit -qm "[Release] vLLM v$v"
+  git -C "$R" tag "v$v"
+done
+for v in 0.26.0 0.27.0; do
+  python3 -m bisect_tool artifacts import --repo "$R" --commit "v$v" \
+    "$DEV/$v/vllm/_C_stable_libtorch.abi3.so"
+done
+python3 -m bisect_tool artifacts ls
+# The bundled recipe plus what this machine needs: where the pinned stack lives, and the
+# FlashInfer sampler off (its wheels were left out of the stack; vllm-facts.md).
+sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"|" \
+    -e "s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
+    -e "s|^weights = \"random:models/qwen3-0.6b\"|weights = \"random:$PWD/bisect_tool/recipes/models/qwen3-0.6b\"|" \
+    bisect_tool/recipes/batch-invariance.toml > "$DEV/batch-invariance-h200.toml"
+set +e
+timeout --signal=TERM "${E2E_TIMEOUT:-520}" python3 -m bisect_tool start --good v0.27.0 --bad v0.26.0 --recipe "$DEV/batch-invariance-h200.toml" \
+  --repo "$R" --state-dir "$DEV/state" 2>&1 | tee "$OUT/start.log"
+rc=${PIPESTATUS[0]}
+set -e
+python3 -m bisect_tool status --json --repo "$R" --state-dir "$DEV/state" > "$OUT/status.json" || true
+python3 -m bisect_tool report --repo "$R" --state-dir "$DEV/state" --plot "$OUT/posterior.png" \
+  -o "$OUT/report.md" || true
+python3 -m bisect_tool report --format json --repo "$R" --state-dir "$DEV/state" -o "$OUT/report.json" || true
+cp "$DEV/state/journal.jsonl" "$OUT/" || true
+mkdir -p "$OUT/logs" && cp "$DEV"/state/logs/*.log "$OUT/logs/" 2>/dev/null || true
+exit "$rc"
