@@ -182,7 +182,7 @@ def _search_overrides(*values: float | int | None) -> dict[str, object]:
 def _continue(repo: Path, state_dir: Path | None) -> None:
     """Run (or, in manual mode, prompt for) the search from the journal's state."""
     from bisect_tool import session
-    from bisect_tool.evaluate import RunCommandEvaluator, build_evaluator
+    from bisect_tool.evaluate import RunCommandEvaluator, build_evaluator, environment_facts
 
     journal_path = _journal_path(repo, state_dir)
     contents = journal_mod.read(journal_path)
@@ -217,6 +217,9 @@ def _continue(repo: Path, state_dir: Path | None) -> None:
                 tags=tags,
                 progress=_progress,
             ) as (evaluator, parallel, controls_for):
+                if not any(e.get("type") == "environment" for e in contents.entries):
+                    facts = environment_facts(recipe_obj)
+                    journal.append({"type": "environment", **facts})
                 if recipe_obj.probe.controls and state.controls is None:
                     runner = controls_for(state.candidates[state.strategy.good_end].sha)
                     if runner is not None:

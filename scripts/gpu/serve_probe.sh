@@ -5,7 +5,7 @@
 # Runs ON THE GPU MACHINE, from the repo root, after setup_stack.sh has put the stack in
 # /tmp/dev (site, deps, fa3) and the candidate .so in /tmp/dev/VERSION/. This is what
 # vllm-facts.md "Real vLLM on the lent H200" measured by hand; the loop (`bisect start`) must
-# reproduce it unattended: see run_e2e.sh and TODO-run_e2e.md.
+# reproduce it unattended: see run_e2e.sh.
 #
 # Usage: scripts/gpu/serve_probe.sh VERSION [LIFETIMES] [MODE]
 #   VERSION    0.26.0 or 0.27.0 (which _C_stable_libtorch is swapped in)
