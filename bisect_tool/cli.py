@@ -14,7 +14,14 @@ from bisect_tool import journal as journal_mod
 from bisect_tool import recipe as recipe_mod
 from bisect_tool.artifacts.cli import artifacts_group
 from bisect_tool.demo.cli import demo_command
-from bisect_tool.errors import AbortError, BisectError, RangeError, StateError, UsageError
+from bisect_tool.errors import (
+    AbortError,
+    BisectError,
+    NoAnswer,
+    RangeError,
+    StateError,
+    UsageError,
+)
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.probes.cli import probe_command
 from bisect_tool.runtime import common as signals
@@ -262,9 +269,13 @@ def _print_outcome(summary: dict[str, object], state: object) -> None:
             click.echo(f"{word} commit could be any of ({summary['confidence']:.1%}):")
             for sha in block:
                 click.echo(f"  {sha}")
-    else:
-        click.echo(f"stopped: {st}: {summary.get('message', '')}")
-    click.echo("see `bisect report` for the full report", err=True)
+        click.echo("see `bisect report` for the full report", err=True)
+    elif st != "running":
+        # A scripted caller must tell "found it" from "stopped without an answer".
+        raise NoAnswer(
+            f"stopped without an answer ({st}): {summary.get('message', '')}; "
+            "`bisect report` says what was seen"
+        )
 
 
 @cli.command()

@@ -79,3 +79,10 @@ class InfrastructureError(BisectError):
     """Something outside the candidate failed (Docker engine, cluster, disk). Never a verdict."""
 
     exit_code = 8
+
+
+class NoAnswer(BisectError):
+    """The search stopped without an answer (bad end never reproduced, budget exhausted, an end
+    untestable, controls failed). Not a crash: the journal and `bisect report` say why."""
+
+    exit_code = 9

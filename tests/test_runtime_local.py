@@ -323,7 +323,7 @@ def test_compatibility_gate_on_real_libraries(
 def test_make_backend_rejects_unknown_backend_and_missing_module(
     tmp_path: Path, pinned_site: Path
 ) -> None:
-    with pytest.raises(RecipeError, match="must be local or docker"):
+    with pytest.raises(RecipeError, match="must be local, docker or ray"):
         make_backend(RuntimeSettings(backend="kubernetes"), session="s", log_dir=tmp_path)
     backend = make_backend(
         settings_for(pinned_site, server_module=""), session="s", log_dir=tmp_path

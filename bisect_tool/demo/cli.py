@@ -73,25 +73,30 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
     image = _demo_image() if backend == "docker" else ""
     recipe_path = write_recipe(workdir / "demo-recipe.toml", workdir / "cache", image=image)
     state_dir = workdir / "state"
-    cli_mod.cli.main(
-        args=[
-            "start",
-            "--good",
-            history.good_tag,
-            "--bad",
-            history.bad_tag,
-            "--recipe",
-            str(recipe_path),
-            "--repo",
-            str(repo),
-            "--state-dir",
-            str(state_dir),
-            "--backend",
-            backend,
-        ],
-        prog_name="bisect",
-        standalone_mode=False,
-    )
+    from bisect_tool.errors import NoAnswer
+
+    try:
+        cli_mod.cli.main(
+            args=[
+                "start",
+                "--good",
+                history.good_tag,
+                "--bad",
+                history.bad_tag,
+                "--recipe",
+                str(recipe_path),
+                "--repo",
+                str(repo),
+                "--state-dir",
+                str(state_dir),
+                "--backend",
+                backend,
+            ],
+            prog_name="bisect",
+            standalone_mode=False,
+        )
+    except NoAnswer as exc:
+        click.echo(f"bisect: {exc}", err=True)  # the report below says what was seen
     wall = time.monotonic() - started
     journal_path = state_dir / journal_mod.JOURNAL_NAME
     contents = journal_mod.read(journal_path)
