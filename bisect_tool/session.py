@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,33 +260,40 @@ class Loop:
             if reason is not None:
                 return self._end(*reason)
             try:
-                choice = state.strategy.select()
+                batch = state.strategy.select_batch(self.parallel)
             except NoCandidateLeft as exc:
                 return self._end(NO_CANDIDATE, str(exc))
-            candidate = state.candidates[choice.position]
-            count = min(max(choice.lifetimes, 1), self.parallel)
-            self._prefetch_hint(choice.position)
-            ids = state.next_lifetime_ids(candidate.sha, count)
-            self._report_progress(choice.position, choice.reason, len(ids))
-            if len(ids) == 1:
-                obs = self.evaluator.evaluate(candidate.sha, ids[0], candidate.tags)
-                self._record(obs, choice.position)
-            else:
-                with ThreadPoolExecutor(max_workers=len(ids)) as pool:
-                    futures = [
-                        pool.submit(self.evaluator.evaluate, candidate.sha, lid, candidate.tags)
-                        for lid in ids
-                    ]
-                    try:
-                        for fut in futures:
-                            self._record(fut.result(), choice.position)
-                    except BaseException:
-                        # Ctrl-C or a failed lifetime: stop the others now (e.g. cancel their
-                        # Ray tasks), not after the pool has waited for them all.
-                        cancel = getattr(self.evaluator, "cancel", None)
-                        if cancel is not None:
-                            cancel()
-                        raise
+            work: list[tuple[int, Candidate, str]] = []
+            for choice in batch:
+                candidate = state.candidates[choice.position]
+                count = choice.lifetimes if self.parallel > 1 else 1
+                ids = state.next_lifetime_ids(candidate.sha, count)
+                state.seen_lifetimes.update(ids)  # reserved until journaled, then re-added
+                work += [(choice.position, candidate, lid) for lid in ids]
+                self._report_progress(choice.position, choice.reason, len(ids))
+            for _, _, lid in work:
+                state.seen_lifetimes.discard(lid)
+            self._prefetch_hint(batch[0].position)
+            if len(work) == 1:
+                position, candidate, lid = work[0]
+                self._record(self.evaluator.evaluate(candidate.sha, lid, candidate.tags), position)
+                continue
+            with ThreadPoolExecutor(max_workers=len(work)) as pool:
+                futures = {
+                    pool.submit(self.evaluator.evaluate, c.sha, lid, c.tags): position
+                    for position, c, lid in work
+                }
+                try:
+                    # journal each lifetime as it comes back, not in submission order
+                    for fut in as_completed(futures):
+                        self._record(fut.result(), futures[fut])
+                except BaseException:
+                    # Ctrl-C or a failed lifetime: stop the others now (e.g. cancel their
+                    # Ray tasks), not after the pool has waited for them all.
+                    cancel = getattr(self.evaluator, "cancel", None)
+                    if cancel is not None:
+                        cancel()
+                    raise
 
     def _report_progress(self, position: int, reason: str, lifetimes: int) -> None:
         s = self.state.strategy

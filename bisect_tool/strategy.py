@@ -470,21 +470,55 @@ class BayesianStrategy:
             return Choice(bad_end, 1, "estimate how often the bad end shows the bug")
         if t[good_end] == 0:
             return Choice(good_end, 1, "check the good end")
+        ranked = self._ranked()
+        if not ranked or ranked[0].rate <= 1e-9:
+            raise NoCandidateLeft("every candidate that could tell the flip apart is untestable")
+        return ranked[0]
+
+    def _ranked(self) -> list[Choice]:
+        """The best option of each scored position, best rate first."""
         positions = self._positions_worth_scoring()
         options = [(1,) if i in self.prepared else self.BATCH_OPTIONS for i in positions]
         gains = self._expected_information(positions, options)
-        best: Choice | None = None
+        best_of: list[Choice] = []
         for i, opts, g in zip(positions, options, gains, strict=True):
             prepared = i in self.prepared
+            best: Choice | None = None
             for m, gain in zip(opts, g, strict=True):
                 cost = m * self.costs.lifetime + (0.0 if prepared else self.costs.new_candidate)
                 rate = float(gain) / cost
                 if best is None or rate > best.rate:
                     reason = "another lifetime" if prepared else "new candidate"
                     best = Choice(i, m, reason, rate)
-        if best is None or best.rate <= 1e-9:
-            raise NoCandidateLeft("every candidate that could tell the flip apart is untestable")
-        return best
+            if best is not None:
+                best_of.append(best)
+        return sorted(best_of, key=lambda c: -c.rate)
+
+    def select_batch(self, slots: int) -> list[Choice]:
+        """Work for ``slots`` lifetimes at once (several GPUs): the best choice first, with as
+        many of its planned lifetimes as fit, then the next best positions, one lifetime each.
+
+        The later picks are scored before the first one's outcome is known, so they are worth
+        less than sequential picks; idle GPUs are worth nothing, which is why they are filled.
+        """
+        first = self.select()
+        if slots <= 1:
+            return [first]
+        if first.reason.startswith(("check", "the bad end", "estimate")):
+            # the ends: more lifetimes of the same end are exactly what is needed
+            return [Choice(first.position, min(slots, max(first.lifetimes, slots)), first.reason)]
+        batch = [Choice(first.position, min(first.lifetimes, slots), first.reason, first.rate)]
+        used = batch[0].lifetimes
+        for choice in self._ranked():
+            if used >= slots:
+                break
+            if choice.position == first.position or choice.rate <= 1e-9:
+                continue
+            batch.append(Choice(choice.position, 1, choice.reason + " (parallel)", choice.rate))
+            used += 1
+        if used < slots:  # nothing else worth a slot: more lifetimes of the best
+            batch[0] = Choice(first.position, batch[0].lifetimes + slots - used, first.reason)
+        return batch
 
 
 @dataclass(frozen=True)

@@ -29,15 +29,29 @@ def sha(repo: Repo, index: int) -> str:
     return repo.main[index - 1]
 
 
-def start(repo: Repo, state: Path, command: str, *extra: str,
-          good: str = "v0.1.0", bad: str = "v0.4.0") -> tuple[int, str, str]:
-    return run_cli("start", "--good", good, "--bad", bad, "--run", command,
-                   "--repo", str(repo.path), "--state-dir", str(state), *extra)
+def start(
+    repo: Repo, state: Path, command: str, *extra: str, good: str = "v0.1.0", bad: str = "v0.4.0"
+) -> tuple[int, str, str]:
+    return run_cli(
+        "start",
+        "--good",
+        good,
+        "--bad",
+        bad,
+        "--run",
+        command,
+        "--repo",
+        str(repo.path),
+        "--state-dir",
+        str(state),
+        *extra,
+    )
 
 
 def status(repo: Repo, state: Path) -> dict[str, object]:
-    code, out, err = run_cli("status", "--json", "--repo", str(repo.path),
-                             "--state-dir", str(state))
+    code, out, err = run_cli(
+        "status", "--json", "--repo", str(repo.path), "--state-dir", str(state)
+    )
     assert code == 0, err
     return dict(json.loads(out))
 
@@ -47,8 +61,7 @@ def observations(state: Path) -> list[dict[str, object]]:
 
 
 @pytest.fixture(scope="module")
-def intermittent(tmp_path_factory: pytest.TempPathFactory,
-                 repo: Repo) -> tuple[Path, str, str]:
+def intermittent(tmp_path_factory: pytest.TempPathFactory, repo: Repo) -> tuple[Path, str, str]:
     """One uninterrupted run with p = 0.5: (its state dir, the --run command, stdout)."""
     tmp_path = tmp_path_factory.mktemp("intermittent")
     command = write_probe(tmp_path / "probe.py", flip=11, p=0.5)
@@ -57,8 +70,7 @@ def intermittent(tmp_path_factory: pytest.TempPathFactory,
     return tmp_path / "st", command, out
 
 
-def test_intermittent_regression_is_found(intermittent: tuple[Path, str, str],
-                                          repo: Repo) -> None:
+def test_intermittent_regression_is_found(intermittent: tuple[Path, str, str], repo: Repo) -> None:
     state, _, out = intermittent
     assert f"first bad commit: {sha(repo, 11)}" in out
     s = status(repo, state)
@@ -95,8 +107,9 @@ def test_untestable_commits_are_never_blamed(tmp_path: Path, repo: Repo) -> None
 
 
 @pytest.mark.parametrize(("untestable", "block"), [({9}, [9, 10]), ({8}, [8, 9])])
-def test_flip_next_to_untestables_is_a_block(tmp_path: Path, repo: Repo, untestable: set[int],
-                                             block: list[int]) -> None:
+def test_flip_next_to_untestables_is_a_block(
+    tmp_path: Path, repo: Repo, untestable: set[int], block: list[int]
+) -> None:
     command = write_probe(tmp_path / "probe.py", flip=9, untestable=untestable)
     code, out, err = start(repo, tmp_path / "st", command)
     assert code == 0, err
@@ -106,8 +119,7 @@ def test_flip_next_to_untestables_is_a_block(tmp_path: Path, repo: Repo, untesta
     assert "could be any of" in out and all(sha(repo, i) in out for i in block)
 
 
-def test_probe_killed_by_a_signal_aborts_and_keeps_the_journal(tmp_path: Path,
-                                                               repo: Repo) -> None:
+def test_probe_killed_by_a_signal_aborts_and_keeps_the_journal(tmp_path: Path, repo: Repo) -> None:
     # the two ends run; the first commit in between kills the probe (exit 137, like git's >= 128)
     command = 'i=$(cat f); [ "$i" = 4 ] || [ "$i" = 16 ] || kill -9 $$; [ "$i" -lt 9 ]'
     code, out, err = start(repo, tmp_path / "st", command)
@@ -156,9 +168,25 @@ def test_resume_after_sigkill_gives_the_uninterrupted_answer(
     state = tmp_path / "killed"
     journal = state / journal_mod.JOURNAL_NAME
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
-         "--run", fast, "--repo", str(repo.path), "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PROBE_SLEEP": "0.2"},
+        [
+            sys.executable,
+            "-m",
+            "bisect_tool",
+            "start",
+            "--good",
+            "v0.1.0",
+            "--bad",
+            "v0.4.0",
+            "--run",
+            fast,
+            "--repo",
+            str(repo.path),
+            "--state-dir",
+            str(state),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PROBE_SLEEP": "0.2"},
     )
     try:
         _wait_for(lambda: journal.exists() and len(observations(state)) >= 5)
@@ -193,9 +221,25 @@ def test_sigterm_stops_the_run_and_tears_the_lifetime_down(tmp_path: Path, repo:
     record = tmp_path / "record.txt"
     command = write_probe(tmp_path / "probe.py", flip=11, sleep=30, record=record)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
-         "--run", command, "--repo", str(repo.path), "--state-dir", str(tmp_path / "st")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "bisect_tool",
+            "start",
+            "--good",
+            "v0.1.0",
+            "--bad",
+            "v0.4.0",
+            "--run",
+            command,
+            "--repo",
+            str(repo.path),
+            "--state-dir",
+            str(tmp_path / "st"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         _wait_for(lambda: record.exists() and record.read_text().strip())
@@ -210,3 +254,53 @@ def test_sigterm_stops_the_run_and_tears_the_lifetime_down(tmp_path: Path, repo:
     assert len(repo.worktrees()) == 1  # the probe's process group was killed, its tree removed
     s = status(repo, tmp_path / "st")
     assert s["state"] == "running" and s["evaluations"] == 0
+
+
+def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
+    tmp_path: Path,
+) -> None:
+    """Several GPUs: the loop hands out several candidates at once (Loop(parallel=3))."""
+    import threading
+
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.values import Direction, Observation, Verdict
+
+    shas = [f"{i:040x}" for i in range(1, 41)]
+    flip = 23  # regression: positions >= 23 are bad, deterministically
+    rng = CommitRange(
+        "good",
+        "bad",
+        shas[0],
+        shas[-1],
+        Direction.REGRESSION,
+        tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)),
+    )
+    running, peak, lock = [0], [0], threading.Lock()
+
+    class Scripted:
+        def prepare(self, commits: object) -> None:
+            return None
+
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            import time
+
+            time.sleep(0.02)
+            with lock:
+                running[0] -= 1
+            bad = shas.index(commit) >= flip
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng))
+        state = session.replay(read(path))
+        summary = session.Loop(journal, state, Scripted(), parallel=3).run()
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
+    ids = [o["lifetime_id"] for o in read(path).observations]
+    assert len(ids) == len(set(ids))
+    assert peak[0] == 3  # the slots were used at once

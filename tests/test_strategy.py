@@ -179,6 +179,7 @@ def test_summary_reports_rates_and_counts() -> None:
 
 def test_select_prefers_another_lifetime_when_candidates_are_expensive() -> None:
     """Patch leaving: the same evidence, a costly switch keeps the search where it is."""
+
     def choose(cost_new: float) -> int:
         s = BayesianStrategy(65, Direction.FIX, costs=Costs(cost_new, 1.0))
         for _ in range(3):
@@ -189,3 +190,17 @@ def test_select_prefers_another_lifetime_when_candidates_are_expensive() -> None
 
     assert choose(1000.0) in (0, 32, 64)
     assert choose(0.0) not in (0, 64)
+
+
+def test_select_batch_fills_every_slot_without_untestables() -> None:
+    s = BayesianStrategy(65, Direction.FIX)
+    for _ in range(3):
+        s.record(s.bad_end, True)
+    s.record(s.good_end, False)
+    s.mark_untestable(32)
+    batch = s.select_batch(4)
+    assert sum(c.lifetimes for c in batch) == 4
+    positions = [c.position for c in batch]
+    assert len(positions) == len(set(positions))  # one entry per position
+    assert 32 not in positions
+    assert batch[0] == s.select() or batch[0].position == s.select().position
