@@ -170,8 +170,7 @@ def start(
     )
     header["run_command"] = run_command or ""
     header["run_timeout"] = run_timeout
-    with journal_mod.Journal(journal_path) as journal:
-        journal.append(header)
+    journal_mod.create(journal_path, header)
     click.echo(
         f"bisecting {len(commit_range.candidates)} candidates ({commit_range.direction}: "
         f"looking for the first {'bad' if commit_range.direction == 'regression' else 'good'} "

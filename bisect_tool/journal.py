@@ -116,6 +116,19 @@ class Journal:
         return entry
 
 
+def create(path: Path, header: dict[str, Any]) -> None:
+    """Write a new journal holding only its header, atomically: a reader never sees a journal
+    file without its header line (e.g. `bisect status` racing `bisect start`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {**header, "seq": 0, "time": time.time()}
+    tmp = path.with_name(path.name + ".new")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry, sort_keys=True, allow_nan=False, default=str) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def read(path: Path) -> JournalContents:
     """Parse a journal; a torn last line is tolerated, a corrupt line elsewhere is an error."""
     if not path.exists():
