@@ -371,7 +371,13 @@ def build_evaluator(
             )
 
             def controls_for(commit: str) -> ControlsRunner:
-                return ControlsRunner(evaluator, commit, recipe.probe.invariance_env, tags)
+                return ControlsRunner(
+                    evaluator,
+                    commit,
+                    recipe.probe.invariance_env,
+                    tags,
+                    attempts=recipe.probe.control_attempts,
+                )
 
             yield evaluator, pool.size, controls_for
         finally:

@@ -84,6 +84,9 @@ class ProbeSettings:
     invariance_env: str = "VLLM_BATCH_INVARIANT"
     request_timeout_s: float = 120.0
     controls: bool = True
+    # The positive control can be as intermittent as the bug: up to this many lifetimes until it
+    # diverges (each also runs the negative control).
+    control_attempts: int = 3
     # op probe
     ops: tuple[str, ...] = ("rms_norm", "fused_add_rms_norm")
     op_namespace: str = "_C"
