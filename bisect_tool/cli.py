@@ -457,30 +457,11 @@ def render_report(journal_path: Path, fmt: str = "md", plot: Path | None = None)
     from bisect_tool import session
 
     contents = journal_mod.read(journal_path)
-    state = session.replay(contents)
-    summary = state.summary()
-    search_state = report_mod.SearchState(
-        state=str(summary["state"]),
-        direction=str(summary["direction"]),
-        flip_block=tuple(summary["flip_block"]),
-        confidence=float(summary["confidence"]),
-        credible_set=tuple(summary["credible_set"]),
-        p_median=float(summary["p_estimate"]),
-        p_interval=tuple(summary["p_interval"]),
-        q_median=float(summary["q_estimate"]),
-        q_interval=tuple(summary["q_interval"]),
-        evaluations=int(summary["evaluations"]),
-        candidates_tested=int(summary["candidates_tested"]),
-        posterior=tuple(summary["posterior"]),
-    )
-    built = report_mod.build_report(contents, search_state)
+    built = report_mod.build_report(contents, session.replay(contents).search_state())
     if fmt == "json":
         return report_mod.render_json(built)
-    if plot is not None:
-        written = report_mod.plot_posterior(built, plot)
-        if written is not None:
-            built["plot_path"] = str(written)
-    return report_mod.render_markdown(built)
+    written = report_mod.plot_posterior(built, plot) if plot is not None else None
+    return report_mod.render_markdown(built, plot=written)
 
 
 cli.add_command(artifacts_group)

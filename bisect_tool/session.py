@@ -20,6 +20,7 @@ from bisect_tool.interfaces import Evaluator
 from bisect_tool.journal import JOURNAL_VERSION, Journal, JournalContents
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import SearchSettings
+from bisect_tool.report import SearchState
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
 from bisect_tool.values import Direction, Observation, Verdict
 
@@ -140,25 +141,42 @@ class State:
                 ids.append(lid)
         return ids
 
-    def summary(self) -> dict[str, Any]:
+    def search_state(self) -> SearchState:
+        """Where the search stands, with SHAs instead of positions (what the report renders)."""
         s = self.strategy.summary()
-        block = [self.candidates[f].sha for f in s.block]
-        post = self.strategy.posterior()
+        return SearchState(
+            state=self.end["state"] if self.end else RUNNING,
+            direction=str(self.direction),
+            flip_block=tuple(self.candidates[f].sha for f in s.block),
+            confidence=s.confidence,
+            credible_set=tuple(self.candidates[f].sha for f in s.credible_set),
+            p_median=s.p_median,
+            p_interval=s.p_interval,
+            q_median=s.q_median,
+            q_interval=s.q_interval,
+            evaluations=s.evaluations,
+            candidates_tested=s.candidates_tested,
+            posterior=(0.0, *(float(x) for x in self.strategy.posterior())),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """``status --json``: the search state under the names the CLI documents."""
+        st = self.search_state()
         return {
-            "state": self.end["state"] if self.end else RUNNING,
-            "direction": str(self.direction),
-            "flip_commit": block[0] if len(block) == 1 else None,
-            "flip_block": block,
-            "confidence": s.confidence,
-            "credible_set": [self.candidates[f].sha for f in s.credible_set],
-            "evaluations": s.evaluations,
-            "candidates_tested": s.candidates_tested,
+            "state": st.state,
+            "direction": st.direction,
+            "flip_commit": st.flip_block[0] if len(st.flip_block) == 1 else None,
+            "flip_block": list(st.flip_block),
+            "confidence": st.confidence,
+            "credible_set": list(st.credible_set),
+            "evaluations": st.evaluations,
+            "candidates_tested": st.candidates_tested,
             "candidates": len(self.candidates),
-            "p_estimate": s.p_median,
-            "p_interval": list(s.p_interval),
-            "q_estimate": s.q_median,
-            "q_interval": list(s.q_interval),
-            "posterior": [0.0, *(float(x) for x in post)],
+            "p_estimate": st.p_median,
+            "p_interval": list(st.p_interval),
+            "q_estimate": st.q_median,
+            "q_interval": list(st.q_interval),
+            "posterior": list(st.posterior),
             "message": (self.end or {}).get("message", ""),
         }
 

@@ -212,3 +212,19 @@ def test_merge_commit_is_blamed_as_a_unit(tmp_path: Path) -> None:
     assert f"first bad commit: {merged.main[3]}" in out
     code, out, _ = run_cli("log", "--repo", str(merged.path), "--state-dir", str(tmp_path / "st"))
     assert not any(s[:12] in out for s in merged.side)
+
+
+def test_report_with_plot_writes_the_png_and_the_markdown_shows_it(
+    repo: Repo, tmp_path: Path
+) -> None:
+    state = tmp_path / "st"
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0",
+                           "--run", f'[ "$(cat f)" -lt {FLIP} ]',
+                           "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err
+    png = tmp_path / "posterior.png"
+    code, out, err = run_cli("report", "--plot", str(png), "--repo", str(repo.path),
+                             "--state-dir", str(state))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"]({png})" in out  # the image is referenced, not the text fallback
