@@ -50,6 +50,22 @@ class StrategyStats:
     p95_evaluations: float
     mean_cost: float
     mean_candidates: float
+    #: wrong answers out of the trials, and the 95% Wilson interval of the accuracy: at 100
+    #: trials one wrong answer more or less moves the accuracy by 0.01, so 0.98 is not evidence
+    #: against a true 0.995 (the interval says so)
+    errors: int = 0
+    accuracy_interval: tuple[float, float] = (0.0, 1.0)
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (sound near 0 and 1, unlike the normal one)."""
+    if trials <= 0:
+        return (0.0, 1.0)
+    phat = successes / trials
+    denom = 1 + z * z / trials
+    centre = (phat + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(phat * (1 - phat) / trials + z * z / (4 * trials * trials)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 @dataclass(frozen=True)
@@ -243,12 +259,15 @@ def simulate(
     for name in STRATEGIES:
         mine = [r[0][name] for r in rows]
         evaluations = np.array([r[1] for r in mine])
+        right = sum(1 for r in mine if r[0])
         stats[name] = StrategyStats(
-            accuracy=float(np.mean([r[0] for r in mine])),
+            accuracy=right / len(mine),
             mean_evaluations=float(evaluations.mean()),
             p95_evaluations=float(np.percentile(evaluations, 95)),
             mean_cost=float(np.mean([r[2] for r in mine])),
             mean_candidates=float(np.mean([r[3] for r in mine])),
+            errors=len(mine) - right,
+            accuracy_interval=wilson_interval(right, len(mine)),
         )
     return SimulationResult(
         candidates,
@@ -266,15 +285,20 @@ def format_result(r: SimulationResult) -> str:
     """The side-by-side table a user reads."""
     lines = [
         f"N={r.candidates} p={r.p:g} q={r.q:g} trials={r.trials} confidence={r.confidence:g}",
-        f"{'strategy':<14}{'accuracy':>9}{'mean evals':>12}{'p95 evals':>11}{'mean cost':>11}",
+        f"{'strategy':<14}{'accuracy':>9}{'95% interval':>15}{'wrong':>7}{'mean evals':>12}"
+        f"{'p95 evals':>11}{'mean cost':>11}",
     ]
     for name, s in r.strategies.items():
+        lo, hi = s.accuracy_interval
         lines.append(
-            f"{name:<14}{s.accuracy:>9.3f}{s.mean_evaluations:>12.1f}"
-            f"{s.p95_evaluations:>11.0f}{s.mean_cost:>11.1f}"
+            f"{name:<14}{s.accuracy:>9.3f}{f'{lo:.3f}-{hi:.3f}':>15}{s.errors:>7}"
+            f"{s.mean_evaluations:>12.1f}{s.p95_evaluations:>11.0f}{s.mean_cost:>11.1f}"
         )
     lb = r.lower_bound
-    lines.append(f"{'lower bound':<14}{'>=0.99':>9}{lb.evaluations:>12.1f}{'':>11}{lb.cost:>11.1f}")
+    lines.append(
+        f"{'lower bound':<14}{'>=0.99':>9}{'':>15}{'':>7}{lb.evaluations:>12.1f}{'':>11}"
+        f"{lb.cost:>11.1f}"
+    )
     ratios = r.ratios()
     lines.append(
         f"bayes cost / lower bound = {ratios['bayes_over_lower_bound']:.2f}; "
@@ -289,6 +313,7 @@ def grid_row(r: SimulationResult) -> str:
     ratios = r.ratios()
     return (
         f"{r.candidates:>5} {r.p:>4g} {r.q:>5g} {r.trials:>6} {b.accuracy:>6.3f} "
+        f"{b.errors:>5} {b.accuracy_interval[0]:>6.3f} "
         f"{r.bayes_reported_confidence:>7.4f} {b.mean_evaluations:>7.1f} {b.p95_evaluations:>5.0f} "
         f"{b.mean_cost:>7.1f} {r.lower_bound.cost:>6.1f} {ratios['bayes_over_lower_bound']:>6.2f} "
         f"{c.accuracy:>6.3f} {c.mean_cost:>6.1f} {ratios['bayes_over_classic']:>6.2f} "
@@ -297,7 +322,7 @@ def grid_row(r: SimulationResult) -> str:
 
 
 GRID_HEADER = (
-    "    N    p     q trials  b.acc  b.conf  b.eval   p95  b.cost  lower  b/low  "
+    "    N    p     q trials  b.acc b.err b.lo95  b.conf  b.eval   p95  b.cost  lower  b/low  "
     "c.acc c.cost  b/cls  fr.acc"
 )
 
@@ -321,7 +346,7 @@ GRID_HEADER = (
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--grid", is_flag=True,
               help="Run the target grid: p in 0.3,0.5,0.8,1 x q in 0,0.01 x N in 64,512,4096 "
-                   "(--trials for N <= 512, a third of it for N = 4096).")
+                   "(--trials in every cell).")
 def simulate_command(
     candidates: int,
     p: float,
@@ -361,8 +386,7 @@ def simulate_command(
     for n in GRID_N:
         for gp in GRID_P:
             for gq in GRID_Q:
-                cell_trials = trials if n <= 512 else max(1, trials // 3)
-                r = run(n, gp, gq, cell_trials)
+                r = run(n, gp, gq, trials)
                 results.append(r.to_dict() | {"ratios": r.ratios()})
                 if not as_json:
                     click.echo(grid_row(r))

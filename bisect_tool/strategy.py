@@ -17,9 +17,12 @@ counts, computed in log space, O(n) per update.
 
 Selection is by expected information per unit cost ("patch leaving"): another lifetime of a
 candidate whose artifacts are already prepared costs ``cost_lifetime``; a new candidate costs
-``cost_new_candidate`` more (a download or a build). Untestable candidates are removed from the
-choice but keep their prior: hypotheses separated only by untestable commits cannot be told apart,
-so the answer is then a *block*, as ``git bisect`` reports it.
+``cost_new_candidate`` more (a download or a build). A new candidate is valued as a plan of up to
+m lifetimes that stops at the first divergence, which is how a bad-side candidate gets settled
+(one divergence says "bad side"; only a clean run needs many lifetimes), so its expected cost is
+what it will really take, not m. Untestable candidates are removed from the choice but keep
+their prior: hypotheses separated only by untestable commits cannot be told apart, so the answer
+is then a *block*, as ``git bisect`` reports it.
 
 The search stops when the top block holds ``1 - (1 - confidence) / 2`` (``STOP_FACTOR``), not
 ``confidence`` itself: the posterior is calibrated on average over the prior on p, and at a fixed
@@ -91,7 +94,24 @@ class Counts:
     untestable: set[int] = field(default_factory=set)
 
 
-_LOG_FACT_ARR = np.array([math.lgamma(k + 1) for k in range(64)])
+def _log_choose(m: int, k: int) -> float:
+    return math.lgamma(m + 1) - math.lgamma(k + 1) - math.lgamma(m - k + 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Up to ``lifetimes`` lifetimes at one candidate; with ``until_divergent`` the plan stops at
+    the first divergence (a bad candidate then costs one or two lifetimes, not all of them)."""
+
+    lifetimes: int
+    until_divergent: bool = True
+
+    def outcomes(self) -> list[tuple[int, int]]:
+        """(divergent, total) of each way the plan can end."""
+        m = self.lifetimes
+        if self.until_divergent:
+            return [(1, j) for j in range(1, m + 1)] + [(0, m)]
+        return [(k, m) for k in range(m + 1)]
 
 
 class _LogGammaTable:
@@ -132,7 +152,10 @@ class BayesianStrategy:
     #: the search stops when the top block holds 1 - (1 - confidence) * STOP_FACTOR. The
     #: posterior is calibrated on average over the prior on p, not for every p: at a fixed p of
     #: 0.3-0.5 stopping at exactly 0.99 was right 98.2-98.8% of the time (`bisect simulate`,
-    #: 500-1000 trials), stopping at 0.995 99.1-100%. The report still shows the posterior.
+    #: 500-1000 trials), stopping at 0.995 99.2-99.6% (1,500-3,000 trials a cell). Stricter
+    #: still (0.997) reached 99.4-99.7% but cost 1.51x the lower bound at N = 512, p = 0.5,
+    #: q = 0.01 (0.995: 1.49x); so did a flat prior on p, or a second, flatter prior that must
+    #: also agree before stopping (docs/simulate-grid.txt). The report still shows the posterior.
     STOP_FACTOR = 0.5
     #: rows x hypotheses scored in one numpy pass (bounds memory at large n)
     CHUNK = 1 << 21
@@ -370,16 +393,20 @@ class BayesianStrategy:
 
     def expected_information(self, position: int, m: int) -> float:
         """Expected drop in the entropy of the flip (bits) from m more lifetimes at position."""
-        return float(self._expected_information([position], [(m,)])[0][0])
+        gains, _ = self._plan_values([position], [(Plan(m, until_divergent=False),)])
+        return float(gains[0][0])
 
-    def _expected_information(
-        self, positions: Sequence[int], options: Sequence[tuple[int, ...]]
-    ) -> list[np.ndarray]:
-        """Expected entropy drop for each position and each lifetime count in its options.
+    def _plan_values(
+        self, positions: Sequence[int], plans: Sequence[tuple[Plan, ...]]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Expected entropy drop and expected lifetimes of each plan at each position.
 
         Exact one-step lookahead: p and q stay integrated out, so lifetimes that only sharpen
         p (at the bad end, say) are valued for how much they sharpen the flip. Hypotheses are
         grouped in runs that no evidence separates; all positions are scored in one numpy pass.
+        A plan's outcomes are (divergent, total) pairs: k of m for a fixed batch, or "the first
+        divergence at lifetime j" (j = 1..m) and "m clean" for a plan that stops at the first
+        divergence, which is how a bad candidate is usually settled after one or two lifetimes.
         """
         base = self._base_state()
         hyp, sizes = self._segments(positions)
@@ -391,16 +418,22 @@ class BayesianStrategy:
         h_now = float(-(sizes * post * np.log2(np.where(post > 0, post, 1.0))).sum())
         bad_d, bad_t = base.bad_d[active], base.bad_t[active]
         good_d, good_t = base.good_d[active], base.good_t[active]
-        # one row per (position, m, k): k divergent lifetimes out of m more at that position
+        # one row per (position, plan, outcome): k divergent lifetimes out of m more
         rows_pos: list[int] = []
-        rows_m: list[int] = []
         rows_k: list[int] = []
-        for s, opts in enumerate(options):
-            for m in opts:
-                rows_pos.extend([s] * (m + 1))
-                rows_m.extend([m] * (m + 1))
-                rows_k.extend(range(m + 1))
-        r_pos, r_m, r_k = np.array(rows_pos), np.array(rows_m), np.array(rows_k)
+        rows_m: list[int] = []
+        rows_log_ways: list[float] = []  # orderings of the outcome the plan can produce
+        plan_sizes: list[int] = []
+        for s, options in enumerate(plans):
+            for plan in options:
+                outcomes = plan.outcomes()
+                plan_sizes.append(len(outcomes))
+                for k, m in outcomes:
+                    rows_pos.append(s)
+                    rows_k.append(k)
+                    rows_m.append(m)
+                    rows_log_ways.append(0.0 if plan.until_divergent else _log_choose(m, k))
+        r_pos, r_k, r_m = np.array(rows_pos), np.array(rows_k), np.array(rows_m)
         pos_arr = np.array(positions)
         h_k = np.empty(len(r_pos))
         log_zk = np.empty(len(r_pos))
@@ -423,18 +456,20 @@ class BayesianStrategy:
             with np.errstate(divide="ignore", invalid="ignore"):
                 h_k[sl] = -(sizes * np.where(pk > 0, pk * np.log2(pk), 0.0)).sum(axis=1)
             log_zk[sl] = z
-        log_choose = _LOG_FACT_ARR[r_m] - _LOG_FACT_ARR[r_k] - _LOG_FACT_ARR[r_m - r_k]
-        prob_k = np.exp(log_choose + log_zk - log_z)
-        # rows of one (position, m) are contiguous and start where k == 0
-        starts = np.flatnonzero(r_k == 0)
+        prob_k = np.exp(np.array(rows_log_ways) + log_zk - log_z)
+        # rows of one (position, plan) are contiguous
+        starts = np.concatenate([[0], np.cumsum(plan_sizes)[:-1]]).astype(np.int64)
         expected_h = np.add.reduceat(prob_k * h_k, starts)
+        expected_m = np.add.reduceat(prob_k * r_m, starts)
         gains = np.maximum(h_now - expected_h, 0.0)
-        out: list[np.ndarray] = []
+        out_gain: list[np.ndarray] = []
+        out_m: list[np.ndarray] = []
         i = 0
-        for opts in options:
-            out.append(gains[i : i + len(opts)])
-            i += len(opts)
-        return out
+        for options in plans:
+            out_gain.append(gains[i : i + len(options)])
+            out_m.append(expected_m[i : i + len(options)])
+            i += len(options)
+        return out_gain, out_m
 
     def bad_side_probability(self) -> np.ndarray:
         """P(position i is on the bad side) for i = 0..n."""
@@ -478,18 +513,20 @@ class BayesianStrategy:
     def _ranked(self) -> list[Choice]:
         """The best option of each scored position, best rate first."""
         positions = self._positions_worth_scoring()
-        options = [(1,) if i in self.prepared else self.BATCH_OPTIONS for i in positions]
-        gains = self._expected_information(positions, options)
+        one = (Plan(1),)
+        new_plans = tuple(Plan(m) for m in self.BATCH_OPTIONS)
+        plans = [one if i in self.prepared else new_plans for i in positions]
+        gains, lifetimes = self._plan_values(positions, plans)
         best_of: list[Choice] = []
-        for i, opts, g in zip(positions, options, gains, strict=True):
+        for i, options, g, m_exp in zip(positions, plans, gains, lifetimes, strict=True):
             prepared = i in self.prepared
             best: Choice | None = None
-            for m, gain in zip(opts, g, strict=True):
+            for plan, gain, m in zip(options, g, m_exp, strict=True):
                 cost = m * self.costs.lifetime + (0.0 if prepared else self.costs.new_candidate)
                 rate = float(gain) / cost
                 if best is None or rate > best.rate:
                     reason = "another lifetime" if prepared else "new candidate"
-                    best = Choice(i, m, reason, rate)
+                    best = Choice(i, plan.lifetimes, reason, rate)
             if best is not None:
                 best_of.append(best)
         return sorted(best_of, key=lambda c: -c.rate)

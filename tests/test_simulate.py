@@ -9,7 +9,13 @@ import pytest
 from click.testing import CliRunner
 
 from bisect_tool.errors import UsageError
-from bisect_tool.simulate import channel_capacity, lower_bound, simulate, simulate_command
+from bisect_tool.simulate import (
+    channel_capacity,
+    lower_bound,
+    simulate,
+    simulate_command,
+    wilson_interval,
+)
 from bisect_tool.strategy import Costs
 
 
@@ -79,3 +85,27 @@ def test_bad_input_is_a_one_line_usage_error(args: list[str], message: str) -> N
     out = CliRunner().invoke(simulate_command, ["-n", "8", "--trials", "1", *args])
     assert isinstance(out.exception, UsageError)
     assert message in str(out.exception)
+
+
+def test_accuracy_comes_with_its_error_count_and_interval() -> None:
+    """A reader of the grid can tell sampling noise from a miss: 98 of 100 is compatible with
+    a true 0.99, 980 of 1000 is not."""
+    assert wilson_interval(98, 100)[1] > 0.99
+    assert wilson_interval(980, 1000)[1] < 0.99
+    lo, hi = wilson_interval(100, 100)
+    assert hi == pytest.approx(1.0) and 0.95 < lo < 0.97
+    r = simulate(32, 0.5, 0.01, 10, seed=1, processes=1)
+    for stats in r.strategies.values():
+        assert stats.errors == round((1 - stats.accuracy) * 10)
+        assert stats.accuracy_interval[0] <= stats.accuracy <= stats.accuracy_interval[1]
+
+
+def test_grid_runs_every_target_cell_with_the_asked_trials() -> None:
+    out = CliRunner().invoke(simulate_command, ["--grid", "--trials", "1", "--json"])
+    assert out.exit_code == 0, out.output
+    cells = json.loads(out.output)["cells"]
+    assert {(c["candidates"], c["p"], c["q"]) for c in cells} == {
+        (n, p, q) for n in (64, 512, 4096) for p in (0.3, 0.5, 0.8, 1.0) for q in (0.0, 0.01)
+    }
+    assert all(c["trials"] == 1 for c in cells)
+    assert all(set(c["ratios"]) == {"bayes_over_lower_bound", "bayes_over_classic"} for c in cells)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_tool.simulate import _History, _run_bayes
-from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
+from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, Plan
 from bisect_tool.values import Direction
 
 evidence = st.lists(st.tuples(st.integers(0, 12), st.booleans()), max_size=30)
@@ -204,3 +204,30 @@ def test_select_batch_fills_every_slot_without_untestables() -> None:
     assert len(positions) == len(set(positions))  # one entry per position
     assert 32 not in positions
     assert batch[0] == s.select() or batch[0].position == s.select().position
+
+
+def test_a_plan_that_stops_at_the_first_divergence_lists_every_way_it_can_end() -> None:
+    assert Plan(3).outcomes() == [(1, 1), (1, 2), (1, 3), (0, 3)]
+    assert Plan(2, until_divergent=False).outcomes() == [(0, 2), (1, 2), (2, 2)]
+
+
+def test_a_likely_bad_candidate_is_expected_to_cost_fewer_lifetimes_than_planned() -> None:
+    """Stopping at the first divergence: a candidate on the bad side is usually settled after a
+    lifetime or two, so its expected lifetimes are fewer than the plan's cap; a fixed batch
+    always costs all of them. The two plans' outcome probabilities each sum to one."""
+    s = BayesianStrategy(65, Direction.FIX)
+    for _ in range(3):
+        s.record(0, True)
+    s.record(64, False)
+    for _ in range(6):
+        s.record(40, False)  # 40 looks good: the flip is probably below it
+    likely_bad, likely_good = 8, 39
+    plans = (Plan(8), Plan(8, until_divergent=False))
+    gains, lifetimes = s._plan_values([likely_bad, likely_good], [plans, plans])
+    assert lifetimes[0][1] == pytest.approx(8.0)
+    assert lifetimes[1][1] == pytest.approx(8.0)
+    assert lifetimes[0][0] < 4.0  # p is high here: the first divergence comes early
+    assert lifetimes[0][0] < lifetimes[1][0] <= 8.0
+    # stopping early gives up little information: one divergence already says "bad side"
+    assert gains[0][0] == pytest.approx(gains[0][1], rel=0.35)
+    assert s.expected_information(likely_bad, 8) == pytest.approx(float(gains[0][1]))
