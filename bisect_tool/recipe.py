@@ -39,6 +39,10 @@ class ArtifactSettings:
     build_executor: str = "docker"  # "docker" (Dockerfile.base builder stage) or "host"
     build_command: str = ""  # run in the candidate's worktree; must produce the swap set
     build_image: str = ""
+    # A build that hangs (a stuck compiler, a lock) must not stall the bisect: past this many
+    # seconds it is killed and the candidate is untestable. A cold vLLM build with MAX_JOBS=2
+    # takes hours; ccache makes later ones minutes.
+    build_timeout_s: int = 4 * 3600
     arch_list: str = "9.0"
     max_jobs: int = 2
     cache_dir: str = ""  # default: $XDG_CACHE_HOME/bisect

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +111,53 @@ def test_docker_build_in_the_builder_stage(tmp_path, project, docker_client: Any
     assert_checkout_untouched(repo, shas["v3"])
     labelled = docker_client.containers.list(all=True, filters={"label": "bisect.role=build"})
     assert labelled == []  # every build container was removed
+
+
+def test_host_build_past_its_timeout_is_killed_with_its_children(tmp_path, project):
+    """A hung build does not stall the bisect: it is killed, compiler and all, and the candidate
+    is untestable with a message that names the knob."""
+    repo, shas = project
+    pid_file = tmp_path / "child.pid"
+    hung = dataclasses.replace(
+        settings(tmp_path, "host", command=f"sleep 60 & echo $! > {pid_file}; wait"),
+        build_timeout_s=1,
+    )
+    started = time.monotonic()
+    with (
+        make_provider(hung, repo) as provider,
+        pytest.raises(BuildFailed, match=r"(?s)still running after 1 s.*build_timeout_s") as err,
+    ):
+        provider.get(shas["v1"])
+    assert time.monotonic() - started < 30
+    assert "source-build" in str(err.value)
+    assert not _running(int(pid_file.read_text()))
+    assert_checkout_untouched(repo, shas["v3"])
+
+
+@pytest.mark.docker
+def test_docker_build_past_its_timeout_is_killed_and_removed(
+    tmp_path, project, docker_client: Any, base_image
+):
+    repo, shas = project
+    hung = dataclasses.replace(
+        settings(tmp_path, "docker", command="echo started; sleep 120"), build_timeout_s=3
+    )
+    started = time.monotonic()
+    with (
+        make_provider(hung, repo, docker_client=docker_client) as provider,
+        pytest.raises(BuildFailed, match=r"(?s)still running after 3 s.*started"),
+    ):
+        provider.get(shas["v1"])
+    assert time.monotonic() - started < 60
+    labelled = docker_client.containers.list(all=True, filters={"label": "bisect.role=build"})
+    assert labelled == []
+    assert_checkout_untouched(repo, shas["v3"])
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for whoever adopted it to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

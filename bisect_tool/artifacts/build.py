@@ -11,14 +11,17 @@ from zero; with the bind mount consecutive commits recompile only what changed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from bisect_tool.artifacts.sources import Fetched
 from bisect_tool.errors import ArtifactUnavailable, BuildFailed, InfrastructureError
@@ -58,6 +61,13 @@ def worktree(repo: Path, commit: str, parent: Path) -> Iterator[Path]:
         )
         shutil.rmtree(where.parent, ignore_errors=True)
         subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+
+
+def _copy_stream(chunks: Iterator[bytes], out: BinaryIO) -> None:
+    # after a timeout the log file may close first; the build's verdict does not need the rest
+    with contextlib.suppress(ValueError, OSError):
+        for chunk in chunks:
+            out.write(chunk)
 
 
 class SourceBuild:
@@ -102,6 +112,13 @@ class SourceBuild:
                 raise ArtifactUnavailable(
                     f"unknown build_executor '{executor}'; use 'docker' or 'host'"
                 )
+            if code is None:
+                raise BuildFailed(
+                    f"build of {commit[:12]} still running after "
+                    f"{self.settings.build_timeout_s} s, killed; log {log}, last lines:\n"
+                    + log_tail(log)
+                    + "\n(raise [artifacts] build_timeout_s if the build is just slow)"
+                )
             if code != 0:
                 raise BuildFailed(
                     f"build of {commit[:12]} failed (exit {code}); log {log}, last lines:\n"
@@ -126,20 +143,31 @@ class SourceBuild:
             "MAX_JOBS": str(self.settings.max_jobs),
         }
 
-    def _host(self, src: Path, log: Path) -> int:
+    def _host(self, src: Path, log: Path) -> int | None:
+        """The build's exit status, or None when it ran past the timeout (then killed)."""
         env = {**os.environ, **self._env(), "CCACHE_DIR": str(self.ccache_dir)}
         if Path("/usr/lib/ccache").is_dir():  # Debian's compiler wrappers: gcc goes via ccache
             env["PATH"] = "/usr/lib/ccache:" + env.get("PATH", "")
         with log.open("wb") as out:
-            process = subprocess.run(
+            # its own process group: on timeout make, ninja and every compiler go too
+            process = subprocess.Popen(
                 ["bash", "-c", self.settings.build_command],
                 cwd=src,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
-        return process.returncode
+            try:
+                return process.wait(timeout=self.settings.build_timeout_s)
+            except subprocess.TimeoutExpired:
+                return None
+            finally:
+                # the timed-out build, or what a finished one left running
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
     # --- docker --------------------------------------------------------------------------
     def _client(self) -> Any:
@@ -189,7 +217,8 @@ class SourceBuild:
                 ) from None
         return tag
 
-    def _container(self, src: Path, log: Path) -> int:
+    def _container(self, src: Path, log: Path) -> int | None:
+        """The build's exit status, or None when it ran past the timeout (then killed)."""
         client = self._client()
         image = self.builder_image()
         self.ccache_dir.mkdir(parents=True, exist_ok=True)
@@ -210,9 +239,19 @@ class SourceBuild:
         try:
             container.start()
             with log.open("wb") as out:
-                for chunk in container.logs(stream=True, follow=True):
-                    out.write(chunk)
-            status = container.wait()
+                # the log is copied beside the wait: the wait is what has a deadline
+                copier = threading.Thread(
+                    target=_copy_stream, args=(container.logs(stream=True, follow=True), out),
+                    daemon=True,
+                )
+                copier.start()
+                try:
+                    status = container.wait(timeout=self.settings.build_timeout_s)
+                except Exception:  # the SDK raises requests' ReadTimeout/ConnectionError here
+                    container.kill()
+                    copier.join(timeout=10)
+                    return None
+                copier.join(timeout=10)
             return int(status.get("StatusCode", 1))
         finally:
             container.remove(force=True)
