@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,95 +31,12 @@ from bisect_tool.interfaces import (
     SwapSet,
 )
 from bisect_tool.values import Observation, Verdict
+from bisect_tool.worktrees import remove_stale_worktrees, worktree
 
 Progress = Callable[[str], None]
 
 
 _SIGNALS = {int(sig) for sig in signal.Signals}
-_WORKTREE_LOCK = "bisect-tool worktree of pid"
-
-
-def _lock_reason() -> str:
-    return f"{_WORKTREE_LOCK} {os.getpid()} on {socket.gethostname()}"
-
-
-def remove_stale_worktrees(repo_path: Path) -> int:
-    """Remove the worktrees a killed bisect left (SIGKILL skips ``worktree``'s cleanup).
-
-    Each worktree is locked with its owner's pid and host; one whose owner is gone is removed,
-    so ``resume`` after a crash leaves the user's ``git worktree list`` as it was.
-    """
-    proc = subprocess.run(
-        ["git", "-C", str(repo_path), "worktree", "list", "--porcelain"],
-        capture_output=True,
-        text=True,
-    )
-    removed = 0
-    path = ""
-    for line in proc.stdout.splitlines():
-        if line.startswith("worktree "):
-            path = line[len("worktree ") :]
-        elif line.startswith(f"locked {_WORKTREE_LOCK} "):
-            pid_text, _, host = line[len(f"locked {_WORKTREE_LOCK} ") :].partition(" on ")
-            if host != socket.gethostname() or not pid_text.isdigit() or _alive(int(pid_text)):
-                continue
-            subprocess.run(
-                ["git", "-C", str(repo_path), "worktree", "remove", "--force", "--force", path],
-                capture_output=True,
-            )
-            parent = Path(path).parent
-            if parent.name.startswith("bisect-wt-"):
-                shutil.rmtree(parent, ignore_errors=True)
-            removed += 1
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@contextmanager
-def worktree(repo_path: Path, commit: str) -> Iterator[Path]:
-    """A detached git worktree of ``commit``, never the user's checkout; always removed.
-
-    Locked with this process's pid, so a later run can tell it was left by a killed one."""
-    parent = Path(tempfile.mkdtemp(prefix="bisect-wt-"))
-    path = parent / "src"
-    try:
-        subprocess.run(
-            [
-                "git",
-                "-C",
-                str(repo_path),
-                "worktree",
-                "add",
-                "--detach",
-                "--quiet",
-                "--lock",
-                "--reason",
-                _lock_reason(),
-                str(path),
-                commit,
-            ],
-            check=True,
-            capture_output=True,
-        )
-        yield path
-    finally:
-        subprocess.run(
-            ["git", "-C", str(repo_path), "worktree", "remove", "--force", "--force", str(path)],
-            capture_output=True,
-        )
-        shutil.rmtree(parent, ignore_errors=True)
-        subprocess.run(["git", "-C", str(repo_path), "worktree", "prune"], capture_output=True)
-
-
 class RunCommandEvaluator:
     """``bisect start --run CMD``: the generic probe, with ``git bisect run`` exit codes.
 

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 from bisect_tool.artifacts.sources import Fetched
 from bisect_tool.errors import ArtifactUnavailable, BuildFailed, InfrastructureError
 from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.worktrees import WorktreeError, worktree
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile.base"
 LOG_TAIL_LINES = 25
@@ -40,27 +41,12 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 @contextmanager
-def worktree(repo: Path, commit: str, parent: Path) -> Iterator[Path]:
-    """A detached worktree of ``commit`` under ``parent``; removed (and pruned) on exit."""
-    where = Path(tempfile.mkdtemp(prefix="wt-", dir=parent)) / "src"
-    result = subprocess.run(
-        ["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(where), commit],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        shutil.rmtree(where.parent, ignore_errors=True)
-        message = (result.stderr.strip().splitlines() or ["git worktree add failed"])[-1]
-        raise ArtifactUnavailable(f"cannot check out {commit[:12]} in {repo}: {message}")
+def _checkout(repo: Path, commit: str, scratch: Path) -> Iterator[Path]:
     try:
-        yield where
-    finally:
-        subprocess.run(
-            ["git", "-C", str(repo), "worktree", "remove", "--force", str(where)],
-            capture_output=True,
-        )
-        shutil.rmtree(where.parent, ignore_errors=True)
-        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+        with worktree(repo, commit, scratch) as src:
+            yield src
+    except WorktreeError as exc:
+        raise ArtifactUnavailable(f"cannot check out {commit[:12]} in {repo}: {exc}") from None
 
 
 def _copy_stream(chunks: Iterator[bytes], out: BinaryIO) -> None:
@@ -102,7 +88,7 @@ class SourceBuild:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"build-{commit[:12]}.log"
         executor = self.settings.build_executor
-        with worktree(self.repo, commit, self.scratch) as src:
+        with _checkout(self.repo, commit, self.scratch) as src:
             self.progress(f"building {commit[:12]} ({executor}); log: {log}")
             if executor == "host":
                 code = self._host(src, log)
