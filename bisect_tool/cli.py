@@ -15,19 +15,20 @@ from bisect_tool import recipe as recipe_mod
 from bisect_tool.artifacts.cli import artifacts_group
 from bisect_tool.demo.cli import demo_command
 from bisect_tool.errors import (
-    AbortError,
     BisectError,
     NoAnswer,
     RangeError,
     StateError,
     UsageError,
 )
+from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.probes.cli import probe_command
-from bisect_tool.runtime import common as signals
+from bisect_tool.run import Outcome
 from bisect_tool.runtime.cli import model_group
-from bisect_tool.simulate import simulate_command
+from bisect_tool.simulate_cli import simulate_command
 from bisect_tool.values import Verdict
+from bisect_tool.verdict import EndState, end_state
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,10 +71,6 @@ state_option = click.option(
     default=None,
     help="Where the journal and logs live (default: <repo>/.git/bisect-tool).",
 )
-
-
-def _progress(message: str) -> None:
-    click.echo(message, err=True)
 
 
 @cli.command()
@@ -119,8 +116,7 @@ def start(
 ) -> None:
     """Start a bisect. With --recipe or --run it runs unattended to the end; with neither it
     prints the next candidate to judge with `bisect good|bad|skip`."""
-    from bisect_tool import session
-    from bisect_tool.range import resolve_range
+    from bisect_tool import run
 
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
     if recipe_obj is not None:
@@ -143,41 +139,19 @@ def start(
         )
         if no_controls:
             recipe_obj = recipe_obj.override("probe", controls=False)
-    journal_path = _journal_path(repo, state_dir)
-    if journal_path.exists():
-        contents = journal_mod.read(journal_path)
-        if not any(e.get("type") == "end" for e in contents.entries):
-            raise StateError(
-                f"a bisect is already in progress in {journal_path.parent}; "
-                "`bisect resume` continues it, `bisect reset` ends it"
-            )
-    path_filter = paths or (recipe_obj.range.paths if recipe_obj else ())
-    commit_range = resolve_range(repo, good, bad, path_filter)
-    if journal_path.exists():  # a finished bisect; kept until the new range resolved
-        journal_path.unlink()
-    recipe_dict = recipe_obj.to_dict() if recipe_obj else {}
-    if recipe_obj is None:
-        recipe_dict = {
-            "search": _search_overrides(confidence, max_evaluations, cost_new, cost_lifetime)
-        }
-    mode = "run" if run_command else ("recipe" if recipe_obj else "manual")
-    header = session.header_for(
-        commit_range,
-        recipe=recipe_dict,
-        command=["bisect", *sys.argv[1:]],
-        repo=repo.resolve(),
-        mode=mode,
+    request = run.StartRequest(
+        repo=repo,
+        good=good,
+        bad=bad,
+        journal_path=_journal_path(repo, state_dir),
+        recipe=recipe_obj,
+        run_command=run_command,
+        run_timeout=run_timeout,
+        paths=paths,
+        search_overrides=_search_overrides(confidence, max_evaluations, cost_new, cost_lifetime),
+        command=("bisect", *sys.argv[1:]),
     )
-    header["run_command"] = run_command or ""
-    header["run_timeout"] = run_timeout
-    journal_mod.create(journal_path, header)
-    click.echo(
-        f"bisecting {len(commit_range.candidates)} candidates ({commit_range.direction}: "
-        f"looking for the first {'bad' if commit_range.direction == 'regression' else 'good'} "
-        "commit)",
-        err=True,
-    )
-    _continue(repo, state_dir)
+    _print_outcome(run.start(request, _observer()))
 
 
 def _search_overrides(*values: float | int | None) -> dict[str, object]:
@@ -185,80 +159,22 @@ def _search_overrides(*values: float | int | None) -> dict[str, object]:
     return {n: v for n, v in zip(names, values, strict=True) if v is not None}
 
 
-def _continue(repo: Path, state_dir: Path | None) -> None:
-    """Run (or, in manual mode, prompt for) the search from the journal's state."""
-    from bisect_tool import session
-    from bisect_tool.evaluate import RunCommandEvaluator, build_evaluator, environment_facts
+def _observer() -> Observer:
+    from bisect_tool.progress import PlainLines
 
-    journal_path = _journal_path(repo, state_dir)
-    contents = journal_mod.read(journal_path)
-    state = session.replay(contents)
-    header = contents.header
-    if state.end is not None:
-        _print_outcome(state.summary(), state)
+    return PlainLines(lifetimes=False)
+
+
+def _print_outcome(outcome: Outcome) -> None:
+    summary = outcome.summary
+    if outcome.next_candidate is not None:
+        nxt = outcome.next_candidate
+        click.echo(f"next: {nxt.sha} {nxt.subject}")
+        click.echo("judge it with `bisect good|bad|skip` (it defaults to this commit)")
         return
-    mode = header.get("mode", "manual")
-    if mode == "manual":
-        nxt = session.next_manual_candidate(state)
-        if nxt is None:
-            _print_outcome(state.summary(), state)
-        else:
-            click.echo(f"next: {nxt.sha} {nxt.subject}")
-            click.echo("judge it with `bisect good|bad|skip` (it defaults to this commit)")
-        return
-    tags = {c.sha: c.tags for c in state.candidates}
-    with journal_mod.Journal(journal_path) as journal, signals.sigterm_raises():
-        if mode == "run":
-            run_evaluator = RunCommandEvaluator(
-                Path(header["repo"]), header["run_command"], float(header.get("run_timeout") or 0)
-            )
-            summary = session.Loop(journal, state, run_evaluator, progress=_progress).run()
-        else:
-            recipe_obj = recipe_mod.from_dict_loose(header["recipe"])
-            with build_evaluator(
-                recipe_obj,
-                Path(header["repo"]),
-                session=header["session"],
-                state_dir=journal_path.parent,
-                tags=tags,
-                progress=_progress,
-            ) as (evaluator, parallel, controls_for):
-                if not any(e.get("type") == "environment" for e in contents.entries):
-                    facts = environment_facts(recipe_obj)
-                    journal.append({"type": "environment", **facts})
-                if recipe_obj.probe.controls and state.controls is None:
-                    runner = controls_for(state.candidates[state.strategy.good_end].sha)
-                    if runner is not None:
-                        _progress("running the controls on the good end")
-                        entry = journal.append(runner.run())
-                        state.apply(entry)
-                        _progress(f"controls: {'ok' if entry['ok'] else entry['problem']}")
-                if state.controls is not None and not state.controls.get("ok", True):
-                    positive = (state.controls.get("positive") or {}).get("verdict")
-                    if positive != "divergent":
-                        journal.append(
-                            {
-                                "type": "end",
-                                "state": session.CONTROLS_FAILED,
-                                "message": state.controls.get("problem", ""),
-                            }
-                        )
-                        raise AbortError(
-                            "controls failed, so a CLEAN would mean nothing: "
-                            f"{state.controls.get('problem')}"
-                        )
-                summary = session.Loop(
-                    journal, state, evaluator, parallel=parallel, progress=_progress
-                ).run()
-    _print_outcome(summary, state)
-
-
-def _print_outcome(summary: dict[str, object], state: object) -> None:
-    st = summary["state"]
-    if st == "done":
+    if outcome.answered:
         word = "first good" if summary["direction"] == "fix" else "first bad"
         block = summary["flip_block"]
-        assert isinstance(block, list)
         if len(block) == 1:
             click.echo(
                 f"{word} commit: {block[0]} (confidence {summary['confidence']:.1%}, "
@@ -269,10 +185,10 @@ def _print_outcome(summary: dict[str, object], state: object) -> None:
             for sha in block:
                 click.echo(f"  {sha}")
         click.echo("see `bisect report` for the full report", err=True)
-    elif st != "running":
+    elif outcome.state is not EndState.RUNNING:
         # A scripted caller must tell "found it" from "stopped without an answer".
         raise NoAnswer(
-            f"stopped without an answer ({st}): {summary.get('message', '')}; "
+            f"stopped without an answer ({outcome.state}): {outcome.message}; "
             "`bisect report` says what was seen"
         )
 
@@ -282,7 +198,9 @@ def _print_outcome(summary: dict[str, object], state: object) -> None:
 @state_option
 def resume(repo: Path, state_dir: Path | None) -> None:
     """Continue a bisect from its journal (after a crash or Ctrl-C)."""
-    _continue(repo, state_dir)
+    from bisect_tool import run
+
+    _print_outcome(run.resume(_journal_path(repo, state_dir), _observer()))
 
 
 @cli.command()
@@ -346,10 +264,12 @@ def replay_cmd(file: Path, as_json: bool) -> None:
     summary.pop("posterior")
     if as_json:
         click.echo(json.dumps(summary, indent=2))
-    else:
-        _print_outcome(summary, state) if summary["state"] != "running" else click.echo(
-            f"running: top {summary['confidence']:.1%} at {summary['flip_block'][0]}"
-        )
+        return
+    end = state.end or {}
+    if not end:
+        click.echo(f"running: top {summary['confidence']:.1%} at {summary['flip_block'][0]}")
+        return
+    _print_outcome(Outcome(end_state(end["state"]), str(end.get("message", "")), summary))
 
 
 def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | None) -> None:
@@ -372,10 +292,11 @@ def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | Non
             # journal the outcome, as the unattended loop does: `status` then says done and a
             # later `start` is not refused as "already in progress"
             state_name, message = session.stop_reason(state) or (
-                session.NO_CANDIDATE,
+                EndState.NO_CANDIDATE,
                 "every candidate that could tell the flip apart is untestable",
             )
-            _print_outcome(session.finish(journal, state, state_name, message), state)
+            summary = session.finish(journal, state, state_name, message)
+            _print_outcome(Outcome(state_name, message, summary))
             return
     click.echo(f"next: {nxt.sha} {nxt.subject}")
 
@@ -444,24 +365,14 @@ def report(
     fmt: str, plot: Path | None, output: Path | None, repo: Path, state_dir: Path | None
 ) -> None:
     """The report for the issue tracker (Markdown for GitHub, or JSON with the same content)."""
+    from bisect_tool.report import render_report
+
     text = render_report(_journal_path(repo, state_dir), fmt, plot)
     if output:
         output.write_text(text)
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)
-
-
-def render_report(journal_path: Path, fmt: str = "md", plot: Path | None = None) -> str:
-    from bisect_tool import report as report_mod
-    from bisect_tool import session
-
-    contents = journal_mod.read(journal_path)
-    built = report_mod.build_report(contents, session.replay(contents).search_state())
-    if fmt == "json":
-        return report_mod.render_json(built)
-    written = report_mod.plot_posterior(built, plot) if plot is not None else None
-    return report_mod.render_markdown(built, plot=written)
 
 
 cli.add_command(artifacts_group)

@@ -9,7 +9,6 @@ Infrastructure failures (``InfrastructureError``) and aborts propagate: they are
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -20,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.errors import AbortError, UntestableError
+from bisect_tool.events import ArtifactReady, Observer, ignore
 from bisect_tool.interfaces import (
     ArtifactProvider,
-    Evaluator,
     LifetimeSpec,
     ProbeResult,
     RuntimeBackend,
@@ -105,6 +104,15 @@ class _ArtifactEvaluator:
         self.provider = provider
         self.tags = tags
         self._lock = threading.Lock()
+        self.observer: Observer = ignore  # the run owner's, for ArtifactReady
+        self._ready: set[str] = set()
+
+    def _announce(self, commit: str, seconds: float) -> None:
+        with self._lock:
+            first = commit not in self._ready
+            self._ready.add(commit)
+        if first:
+            self.observer(ArtifactReady(commit, seconds))
 
     def prepare(self, commits: Sequence[str]) -> None:
         self.provider.prefetch(commits, {c: self.tags.get(c, ()) for c in commits})
@@ -143,6 +151,7 @@ class ServerEvaluator(_ArtifactEvaluator):
                 self.backend.check_compatible(swap)
                 self._gated.add(commit)
             artifacts_s = time.monotonic() - started
+            self._announce(commit, artifacts_s)
             result = self.run_lifetime(swap, lifetime_id, {}, sequential=False)
         except UntestableError as exc:
             return Observation(
@@ -215,6 +224,7 @@ class OpEvaluator(_ArtifactEvaluator):
             swap = self._swap(commit, tags or self.tags.get(commit, ()))
         except UntestableError as exc:
             return Observation(commit, Verdict.UNTESTABLE, lifetime_id, {}, str(exc))
+        self._announce(commit, time.monotonic() - started)
         path = next(iter(swap.files.values()))
         result = self.op_probe.run_extension(path, self.env)
         return Observation(
@@ -225,80 +235,6 @@ class OpEvaluator(_ArtifactEvaluator):
             result.message,
             time.monotonic() - started,
         )
-
-
-@contextmanager
-def build_evaluator(
-    recipe: Any,
-    repo_path: Path,
-    *,
-    session: str,
-    state_dir: Path,
-    tags: Mapping[str, Sequence[str]],
-    progress: Progress | None = None,
-) -> Iterator[tuple[Evaluator, int, Callable[[str], ControlsRunner | None]]]:
-    """The evaluator a recipe describes, with everything it opened closed on exit.
-
-    Yields (evaluator, how many lifetimes may run at once, a factory for the controls runner).
-    """
-    from bisect_tool.artifacts import make_provider
-    from bisect_tool.probes.op import OpProbe
-    from bisect_tool.probes.server import ServerDeterminismProbe
-    from bisect_tool.runtime import make_backend
-    from bisect_tool.runtime.gpus import GpuPool
-
-    log_dir = state_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    recipe = resolve_weights(recipe, progress=progress)
-    with make_provider(recipe.artifacts, repo_path, log_dir=log_dir, progress=progress) as provider:
-        if recipe.probe.kind == "op":
-            op = OpProbe(recipe.probe, python=recipe.runtime.python or None)
-            yield OpEvaluator(provider, op, recipe.runtime.env, tags), 1, lambda _sha: None
-            return
-        if recipe.runtime.backend == "ray":
-            # Lifetimes are Ray tasks; as many run at once as the cluster has free GPUs.
-            from bisect_tool.runtime.ray_backend import ray_evaluator
-
-            with ray_evaluator(
-                provider, recipe, session=session, tags=tags, progress=progress
-            ) as ray_eval:
-                # Its controls runner has ControlsRunner's interface: run() -> the journal entry.
-                controls: Any = ray_eval.controls_for
-                yield ray_eval, ray_eval.parallel, controls
-            return
-        backend = make_backend(recipe.runtime, session=session, log_dir=log_dir)
-        try:
-            backend.cleanup_stale(session)
-            pool = GpuPool(recipe.runtime.gpus)
-            model = recipe.runtime.model or None
-
-            def probe_factory(sequential: bool) -> ServerProbe:
-                return ServerDeterminismProbe(recipe.probe, model=model, sequential=sequential)
-
-            evaluator = ServerEvaluator(
-                provider,
-                backend,
-                probe_factory,
-                session=session,
-                log_dir=log_dir,
-                tags=tags,
-                gpu_lease=pool.lease,
-            )
-
-            def controls_for(commit: str) -> ControlsRunner:
-                return ControlsRunner(
-                    evaluator,
-                    commit,
-                    recipe.probe.invariance_env,
-                    tags,
-                    attempts=recipe.probe.control_attempts,
-                )
-
-            yield evaluator, pool.size, controls_for
-        finally:
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
 
 
 class ControlsRunner:
@@ -344,126 +280,3 @@ class ControlsRunner:
             "problem": result.problem,
             **result.to_detail(),
         }
-
-
-def resolve_weights(recipe: Any, *, progress: Progress | None = None) -> Any:
-    """Turn ``[runtime] weights`` into the model path the server loads.
-
-    ``random:CONFIG`` (a config.json or its folder; relative to the recipe file, then to the
-    bundled recipes) makes a random checkpoint at the config's initializer scale once, cached by
-    the config's sha256: vLLM's ``--load-format dummy`` weights hide the batch-invariance bug
-    (vllm-facts.md, "Dummy weights hide the bug"). A directory is used as it is. "" leaves the
-    recipe's model and server arguments alone.
-    """
-    import dataclasses
-    import hashlib
-
-    from bisect_tool.artifacts import default_cache_dir
-    from bisect_tool.errors import RecipeError
-    from bisect_tool.recipe import BUNDLED_DIR
-
-    weights = recipe.runtime.weights
-    if not weights:
-        return recipe
-    if weights.startswith("random:"):
-        spec = Path(weights.split(":", 1)[1]).expanduser()
-        bases = [Path(recipe.source).parent] if recipe.source else []
-        candidates = [spec] if spec.is_absolute() else [b / spec for b in [*bases, BUNDLED_DIR]]
-        config = next((c for c in candidates if c.exists()), None)
-        if config is None:
-            raise RecipeError(
-                f"weights '{weights}': no config at {', '.join(map(str, candidates))}; "
-                "point it at a config.json or its folder"
-            )
-        config_file = config / "config.json" if config.is_dir() else config
-        digest = hashlib.sha256(config_file.read_bytes()).hexdigest()[:16]
-        out = default_cache_dir(recipe.artifacts.cache_dir) / "models" / f"random-{digest}"
-        if not (out / "config.json").exists():
-            from bisect_tool.runtime.cli import make_random_checkpoint
-
-            if progress:
-                progress(f"making a random checkpoint from {config_file} in {out}")
-            partial = out.with_name(out.name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            make_random_checkpoint(config_file, partial)
-            partial.rename(out)
-        model = str(out)
-    else:
-        path = Path(weights).expanduser()
-        if not path.is_dir():
-            raise RecipeError(
-                f"weights '{weights}' is neither random:CONFIG nor a checkpoint directory"
-            )
-        model = str(path.resolve())
-    runtime = dataclasses.replace(recipe.runtime, model=model)
-    return dataclasses.replace(recipe, runtime=runtime)
-
-
-_ENV_SCRIPT = r"""
-import json, platform, sys
-facts = {"python": platform.python_version()}
-try:
-    import importlib.metadata as md
-    facts["pinned_version"] = md.version(sys.argv[1])
-except Exception:
-    pass
-try:
-    import torch
-    facts["torch"] = torch.__version__
-    facts["cuda"] = torch.version.cuda or ""
-    if torch.cuda.is_available():
-        facts["gpu"] = torch.cuda.get_device_name(0)
-except Exception:
-    pass
-print(json.dumps(facts))
-"""
-
-
-def environment_facts(recipe: Any) -> dict[str, Any]:
-    """What the report's Environment line shows: the pinned stack's Python, torch, GPU, driver.
-
-    Asked of the pinned stack's interpreter (local backend) so the versions are the ones the
-    lifetimes ran with; best effort, never an error.
-    """
-    import json
-    import platform
-
-    from bisect_tool import __version__
-
-    runtime = recipe.runtime
-    facts: dict[str, Any] = {"tool": __version__, "host_python": platform.python_version()}
-    facts["backend"] = runtime.backend
-    if runtime.backend == "docker":
-        facts["image"] = runtime.image
-    else:
-        env = dict(os.environ)
-        if runtime.pinned_package_dir:
-            rest = env.get("PYTHONPATH", "")
-            env["PYTHONPATH"] = runtime.pinned_package_dir + (os.pathsep + rest if rest else "")
-        try:
-            done = subprocess.run(
-                [runtime.python or "python3", "-c", _ENV_SCRIPT, recipe.artifacts.package],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env=env,
-            )
-            facts.update(json.loads(done.stdout.strip().splitlines()[-1]))
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            pass
-        if runtime.pinned_package_dir:
-            facts["pinned_stack"] = runtime.pinned_package_dir
-    try:
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if smi.returncode == 0 and smi.stdout.strip():
-            name, _, driver = smi.stdout.strip().splitlines()[0].partition(",")
-            facts.setdefault("gpu", name.strip())
-            facts["driver"] = driver.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return facts

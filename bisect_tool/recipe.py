@@ -111,6 +111,9 @@ class SearchSettings:
     max_end_lifetimes: int = 12  # the bad end must show the bug within this many lifetimes
     cost_new_candidate: float = 10.0
     cost_lifetime: float = 1.0
+    # prior probability, for each end, that it does not behave as given (the flip lies beyond
+    # the good end; the bad end does not show the bug): the confidence covers the ends too
+    end_doubt: float = 0.05
 
 
 @dataclass(frozen=True)

@@ -9,33 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bisect_tool import __version__
-from bisect_tool.interfaces import Evaluator
 from bisect_tool.journal import JOURNAL_VERSION, Journal, JournalContents
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import SearchSettings
-from bisect_tool.report import SearchState
-from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
-from bisect_tool.values import Direction, Observation, Verdict
-
-Progress = Callable[[str], None]
-
-DONE = "done"
-RUNNING = "running"
-BAD_END_NEVER = "bad_end_never_reproduced"
-BUDGET = "budget_exhausted"
-NO_CANDIDATE = "no_candidate_left"
-END_UNTESTABLE = "end_untestable"
-CONTROLS_FAILED = "controls_failed"
-
-#: consecutive INCONCLUSIVE lifetimes after which a candidate counts as untestable
-MAX_INCONCLUSIVE_STREAK = 4
+from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, Priors
+from bisect_tool.values import Direction, Observation, SearchState, Verdict
+from bisect_tool.verdict import (
+    MAX_INCONCLUSIVE_STREAK,
+    EndState,
+    Evidence,
+    aggregate,
+    evidence,
+)
 
 
 def header_for(
@@ -85,6 +76,7 @@ class State:
     end: dict[str, Any] | None = None
     controls: dict[str, Any] | None = None
     inconclusive_streak: dict[int, int] = dataclasses.field(default_factory=dict)
+    verdicts: dict[int, list[Verdict]] = dataclasses.field(default_factory=dict)
 
     @property
     def direction(self) -> Direction:
@@ -100,8 +92,9 @@ class State:
             pos = int(entry["position"])
             commit = entry["commit"]
             self.lifetimes_by_commit[commit] = self.lifetimes_by_commit.get(commit, 0) + 1
-            verdict = Verdict(entry["verdict"])
-            if verdict is Verdict.INCONCLUSIVE:
+            self.verdicts.setdefault(pos, []).append(Verdict(entry["verdict"]))
+            seen = evidence(Verdict(entry["verdict"]))
+            if seen is Evidence.NOTHING:
                 # No evidence either way; but a candidate where the probe can never decide
                 # (e.g. the target batch never forms) must not be retried forever.
                 streak = self.inconclusive_streak.get(pos, 0) + 1
@@ -113,22 +106,26 @@ class State:
                         self.strategy.mark_untestable(pos)
                 return
             self.inconclusive_streak[pos] = 0
-            if verdict is Verdict.DIVERGENT:
+            if seen is Evidence.BUG:
                 self.strategy.record(pos, True)
-            elif verdict is Verdict.CLEAN:
+            elif seen is Evidence.NO_BUG:
                 self.strategy.record(pos, False)
-            elif verdict is Verdict.UNTESTABLE and not self.strategy.counts.total[pos]:
+            elif seen is Evidence.CANNOT_RUN and not self.strategy.counts.total[pos]:
                 # A candidate that never gave a conclusive lifetime is untestable (no artifact,
                 # build or boot failure, incompatible ops). One that already did keeps its
                 # evidence: a later crash says nothing about the bug either way.
                 self.strategy.mark_untestable(pos)
-            # INCONCLUSIVE: the lifetime ran but could not tell; it is no evidence either way
         elif kind == "untestable":
+            self.verdicts.setdefault(int(entry["position"]), []).append(Verdict.UNTESTABLE)
             self.strategy.mark_untestable(int(entry["position"]))
         elif kind == "controls":
             self.controls = entry
         elif kind == "end":
             self.end = entry
+
+    def candidate_verdict(self, position: int) -> Verdict:
+        """The candidate's verdict over its journaled lifetimes (``verdict.aggregate``)."""
+        return aggregate(self.verdicts.get(position, ()))
 
     def next_lifetime_ids(self, commit: str, count: int = 1) -> list[str]:
         """Stable ids ``<sha12>-<n>``: a resumed run never reuses one already journaled."""
@@ -145,7 +142,7 @@ class State:
         """Where the search stands, with SHAs instead of positions (what the report renders)."""
         s = self.strategy.summary()
         return SearchState(
-            state=self.end["state"] if self.end else RUNNING,
+            state=self.end["state"] if self.end else str(EndState.RUNNING),
             direction=str(self.direction),
             flip_block=tuple(self.candidates[f].sha for f in s.block),
             confidence=s.confidence,
@@ -190,6 +187,7 @@ def replay(contents: JournalContents) -> State:
         Direction(header["direction"]),
         costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
         confidence=settings.confidence,
+        priors=Priors(end_doubt=settings.end_doubt),
     )
     state = State(header, candidates, strategy, settings, {}, set())
     for entry in contents.entries:
@@ -210,133 +208,65 @@ def observation_entry(obs: Observation, position: int) -> dict[str, Any]:
     }
 
 
-def stop_reason(state: State) -> tuple[str, str] | None:
+def stop_reason(state: State) -> tuple[EndState, str] | None:
     """Why the search should stop now, if it should."""
     s, settings = state.strategy, state.settings
     bad, good = s.bad_end, s.good_end
     counts = s.counts
     for end, name in ((bad, "bad"), (good, "good")):
         if end in counts.untestable:
-            return END_UNTESTABLE, (
+            return EndState.END_UNTESTABLE, (
                 f"the {name} end {state.candidates[end].sha[:12]} is untestable; pick another "
                 f"--{name} commit"
             )
     if counts.divergent[bad] == 0 and counts.total[bad] >= settings.max_end_lifetimes:
-        return BAD_END_NEVER, (
+        return EndState.BAD_END_NEVER, (
             f"the bad end {state.candidates[bad].sha[:12]} never showed the bug in "
             f"{counts.total[bad]} lifetimes: nothing to bisect (check the recipe, or raise "
             "max_end_lifetimes)"
         )
+    contradicted = s.contradicted_end() if counts.total[bad] and counts.total[good] else None
+    if contradicted is not None:
+        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted)
     if counts.total[bad] and counts.divergent[bad] and counts.total[good] and s.done():
-        return DONE, "the flip holds the asked confidence"
+        return EndState.DONE, "the flip holds the asked confidence"
     if len(state.seen_lifetimes) >= settings.max_evaluations:
-        return BUDGET, f"budget of {settings.max_evaluations} lifetimes exhausted"
+        return EndState.BUDGET, f"budget of {settings.max_evaluations} lifetimes exhausted"
     return None
 
 
-class Loop:
-    """Runs the search to the end, appending each observation before the next step."""
-
-    def __init__(
-        self,
-        journal: Journal,
-        state: State,
-        evaluator: Evaluator,
-        *,
-        parallel: int = 1,
-        progress: Progress | None = None,
-    ) -> None:
-        self.journal = journal
-        self.state = state
-        self.evaluator = evaluator
-        self.parallel = max(1, parallel)
-        self.progress = progress or (lambda _msg: None)
-
-    def _record(self, obs: Observation, position: int) -> None:
-        entry = self.journal.append(observation_entry(obs, position))
-        self.state.apply(entry)
-
-    def _prefetch_hint(self, position: int) -> None:
-        """The two possible next midpoints (mozregression's trick): fetch while testing."""
-        post = self.state.strategy.posterior()
-        left = post[:position].sum() if position else 0.0
-        hints = []
-        for target in (left / 2, left + (1 - left) / 2):
-            import numpy as np
-
-            f = int(np.searchsorted(np.cumsum(post), target)) + 1
-            for p in (f - 1, f):
-                if 0 <= p < len(self.state.candidates) and p != position:
-                    hints.append(self.state.candidates[p].sha)
-        if hints:
-            self.evaluator.prepare(sorted(set(hints)))
-
-    def run(self) -> dict[str, Any]:
-        state = self.state
-        while True:
-            reason = stop_reason(state)
-            if reason is not None:
-                return self._end(*reason)
-            try:
-                batch = state.strategy.select_batch(self.parallel)
-            except NoCandidateLeft as exc:
-                return self._end(NO_CANDIDATE, str(exc))
-            work: list[tuple[int, Candidate, str]] = []
-            for choice in batch:
-                candidate = state.candidates[choice.position]
-                count = choice.lifetimes if self.parallel > 1 else 1
-                ids = state.next_lifetime_ids(candidate.sha, count)
-                state.seen_lifetimes.update(ids)  # reserved until journaled, then re-added
-                work += [(choice.position, candidate, lid) for lid in ids]
-                self._report_progress(choice.position, choice.reason, len(ids))
-            for _, _, lid in work:
-                state.seen_lifetimes.discard(lid)
-            self._prefetch_hint(batch[0].position)
-            if len(work) == 1:
-                position, candidate, lid = work[0]
-                self._record(self.evaluator.evaluate(candidate.sha, lid, candidate.tags), position)
-                continue
-            with ThreadPoolExecutor(max_workers=len(work)) as pool:
-                futures = {
-                    pool.submit(self.evaluator.evaluate, c.sha, lid, c.tags): position
-                    for position, c, lid in work
-                }
-                try:
-                    # journal each lifetime as it comes back, not in submission order
-                    for fut in as_completed(futures):
-                        self._record(fut.result(), futures[fut])
-                except BaseException:
-                    # Ctrl-C or a failed lifetime: stop the others now (e.g. cancel their
-                    # Ray tasks), not after the pool has waited for them all.
-                    cancel = getattr(self.evaluator, "cancel", None)
-                    if cancel is not None:
-                        cancel()
-                    raise
-
-    def _report_progress(self, position: int, reason: str, lifetimes: int) -> None:
-        s = self.state.strategy
-        block, mass = s.top_block()
-        left = len(self.state.strategy.credible_set(0.99))
-        c = self.state.candidates[position]
-        self.progress(
-            f"[{int(s.counts.total.sum())} lifetimes, {left} candidates left, top "
-            f"{mass:.1%} at {self.state.candidates[block[0]].sha[:12]}] {reason}: "
-            f"{c.sha[:12]} {c.subject[:60]} x{lifetimes}"
+def ends_contradict_message(state: State, end: str) -> str:
+    """One line: which end, what it saw, what to do."""
+    s = state.strategy
+    pos = s.good_end if end == "good" else s.bad_end
+    sha = state.candidates[pos].sha[:12]
+    d, t = int(s.counts.divergent[pos]), int(s.counts.total[pos])
+    beyond, not_bad = s.end_doubts()
+    if end == "good":
+        older = "older" if state.direction is Direction.REGRESSION else "newer"
+        return (
+            f"the good end {sha} shows the bug ({d} of {t} lifetimes divergent; "
+            f"P = {beyond:.3f} that the flip lies beyond it): give an {older} --good, or check "
+            "that the probe can pass at all (a missing file or a broken command fails everywhere)"
         )
+    return (
+        f"the bad end {sha} does not show the bug ({d} of {t} lifetimes divergent; P = "
+        f"{not_bad:.3f} that nothing in the range does): check the recipe reproduces it, or "
+        "give another --bad"
+    )
 
-    def _end(self, state_name: str, message: str) -> dict[str, Any]:
-        return finish(self.journal, self.state, state_name, message)
 
-
-def finish(journal: Journal, state: State, state_name: str, message: str) -> dict[str, Any]:
+def finish(
+    journal: Journal, state: State, state_name: EndState, message: str
+) -> dict[str, Any]:
     """Journal the ``end`` entry (so `status` reports the outcome and a new `start` is allowed)
     and return the summary at that point."""
     summary = state.summary()
-    summary["state"] = state_name
+    summary["state"] = str(state_name)
     summary["message"] = message
     slim = {k: v for k, v in summary.items() if k != "posterior"}
     entry = journal.append(
-        {"type": "end", "state": state_name, "message": message, "summary": slim}
+        {"type": "end", "state": str(state_name), "message": message, "summary": slim}
     )
     state.apply(entry)
     return summary
@@ -360,7 +290,7 @@ def record_manual(
 
 def next_manual_candidate(state: State) -> Candidate | None:
     reason = stop_reason(state)
-    if reason is not None and reason[0] != BAD_END_NEVER:
+    if reason is not None and reason[0] is not EndState.BAD_END_NEVER:
         return None
     try:
         return state.candidates[state.strategy.select().position]

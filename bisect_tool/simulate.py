@@ -22,13 +22,11 @@ the flip, so at least that many bits' worth of new candidates are paid for too.
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 import os
 from dataclasses import asdict, dataclass
 
-import click
 import numpy as np
 
 from bisect_tool.errors import UsageError
@@ -41,6 +39,12 @@ STRATEGIES = ("bayes", "classic", "fixed_repeats")
 GRID_P = (0.3, 0.5, 0.8, 1.0)
 GRID_Q = (0.0, 0.01)
 GRID_N = (64, 512, 4096)
+#: cells where the given good end is in fact bad (the flip lies beyond it): the search must say
+#: so, not name a commit (N, p, q)
+GRID_GOOD_END_BAD = ((64, 0.3, 0.01), (64, 0.5, 0.01), (64, 1.0, 0.0), (512, 0.5, 0.01))
+#: what ``_run_bayes`` reports instead of a position when the search says an end contradicts
+GOOD_END_CONTRADICTED = -1
+BAD_END_CONTRADICTED = -2
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class SimulationResult:
     strategies: dict[str, StrategyStats]
     #: mean confidence the Bayesian search reported when it stopped (compare with its accuracy)
     bayes_reported_confidence: float = 0.0
+    #: the given good end is in fact bad: right means saying so, not naming a commit
+    good_end_bad: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -94,6 +100,7 @@ class SimulationResult:
             "trials": self.trials,
             "confidence": self.confidence,
             "bayes_reported_confidence": self.bayes_reported_confidence,
+            "good_end_bad": self.good_end_bad,
             "lower_bound": asdict(self.lower_bound),
             "strategies": {k: asdict(v) for k, v in self.strategies.items()},
         }
@@ -135,19 +142,30 @@ class _Settings:
     repeats: int
     budget: int
     priors: Priors | None
+    good_end_bad: bool = False
 
 
 def _run_bayes(
     h: _History, costs: Costs, confidence: float, budget: int, priors: Priors | None = None
 ) -> tuple[int, float]:
-    """The search as the session loop drives it; returns (reported flip, reported confidence)."""
+    """The search as the session loop drives it (``session.stop_reason``'s order); returns
+    (reported flip, reported confidence), the flip ``GOOD_END_CONTRADICTED`` or
+    ``BAD_END_CONTRADICTED`` when it stopped saying an end is not what it was said to be."""
     strategy = BayesianStrategy(
         h.n + 1, Direction.FIX, costs=costs, confidence=confidence, priors=priors
     )
     while h.lifetimes < budget:
-        t = strategy.counts.total
-        if t[strategy.bad_end] and t[strategy.good_end] and strategy.done():
-            break
+        t, d = strategy.counts.total, strategy.counts.divergent
+        bad, good = strategy.bad_end, strategy.good_end
+        if t[bad] and t[good]:
+            end = strategy.contradicted_end()
+            if end is not None:
+                beyond, not_bad = strategy.end_doubts()
+                if end == "good":
+                    return GOOD_END_CONTRADICTED, beyond
+                return BAD_END_CONTRADICTED, not_bad
+            if d[bad] and strategy.done():
+                break
         try:
             choice = strategy.select()
         except NoCandidateLeft:
@@ -183,6 +201,8 @@ def _trial(args: tuple[_Settings, int]) -> tuple[dict[str, _Row], float]:
     s, seed = args
     rng = np.random.default_rng(seed)
     flip = int(rng.integers(1, s.n + 1))
+    if s.good_end_bad:
+        flip = s.n + 1  # every position is on the bad (old) side, the given good end included
     stream = int(rng.integers(2**63))
     out: dict[str, _Row] = {}
     reported = 0.0
@@ -192,7 +212,8 @@ def _trial(args: tuple[_Settings, int]) -> tuple[dict[str, _Row], float]:
             found, reported = _run_bayes(h, s.costs, s.confidence, s.budget, s.priors)
         else:
             found = _run_fixed(h, 1 if name == "classic" else s.repeats)
-        out[name] = (found == flip, h.lifetimes, h.cost(s.costs), len(h.candidates))
+        right = found == GOOD_END_CONTRADICTED if s.good_end_bad else found == flip
+        out[name] = (right, h.lifetimes, h.cost(s.costs), len(h.candidates))
     return out, reported
 
 
@@ -231,6 +252,7 @@ def simulate(
     budget: int = 5000,
     priors: Priors | None = None,
     processes: int | None = None,
+    good_end_bad: bool = False,
 ) -> SimulationResult:
     """``trials`` random histories (flip uniform in 1..N) searched by every strategy.
 
@@ -244,7 +266,9 @@ def simulate(
     if trials < 1:
         raise UsageError("--trials must be at least 1")
     costs = costs or Costs()
-    settings = _Settings(candidates, p, q, costs, confidence, repeats, budget, priors)
+    settings = _Settings(
+        candidates, p, q, costs, confidence, repeats, budget, priors, good_end_bad
+    )
     seeds = [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(trials)]
     work = [(settings, s) for s in seeds]
     processes = processes or os.cpu_count() or 1
@@ -278,13 +302,16 @@ def simulate(
         lower_bound(candidates, p, q, costs),
         stats,
         bayes_reported_confidence=float(np.mean([r[1] for r in rows])),
+        good_end_bad=good_end_bad,
     )
 
 
 def format_result(r: SimulationResult) -> str:
     """The side-by-side table a user reads."""
+    cell = " (the given good end is bad: right = saying so)" if r.good_end_bad else ""
     lines = [
-        f"N={r.candidates} p={r.p:g} q={r.q:g} trials={r.trials} confidence={r.confidence:g}",
+        f"N={r.candidates} p={r.p:g} q={r.q:g} trials={r.trials} confidence={r.confidence:g}"
+        + cell,
         f"{'strategy':<14}{'accuracy':>9}{'95% interval':>15}{'wrong':>7}{'mean evals':>12}"
         f"{'p95 evals':>11}{'mean cost':>11}",
     ]
@@ -318,6 +345,7 @@ def grid_row(r: SimulationResult) -> str:
         f"{b.mean_cost:>7.1f} {r.lower_bound.cost:>6.1f} {ratios['bayes_over_lower_bound']:>6.2f} "
         f"{c.accuracy:>6.3f} {c.mean_cost:>6.1f} {ratios['bayes_over_classic']:>6.2f} "
         f"{r.strategies['fixed_repeats'].accuracy:>6.3f}"
+        + ("  good end bad" if r.good_end_bad else "")
     )
 
 
@@ -325,70 +353,3 @@ GRID_HEADER = (
     "    N    p     q trials  b.acc b.err b.lo95  b.conf  b.eval   p95  b.cost  lower  b/low  "
     "c.acc c.cost  b/cls  fr.acc"
 )
-
-
-@click.command("simulate")
-@click.option("--candidates", "-n", type=int, default=512, show_default=True,
-              help="Commits in the range (hypotheses for the flip).")
-@click.option("--p", "p", type=float, default=0.5, show_default=True,
-              help="Chance that a bad-side lifetime shows the bug.")
-@click.option("--q", "q", type=float, default=0.01, show_default=True,
-              help="False-alarm chance of a good-side lifetime.")
-@click.option("--trials", type=int, default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--confidence", type=float, default=0.99, show_default=True)
-@click.option("--cost-new", type=float, default=10.0, show_default=True,
-              help="Cost of preparing a new candidate (download or build).")
-@click.option("--cost-lifetime", type=float, default=1.0, show_default=True,
-              help="Cost of one more lifetime.")
-@click.option("--repeats", type=int, default=7, show_default=True,
-              help="Lifetimes per candidate for the fixed_repeats baseline.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--grid", is_flag=True,
-              help="Run the target grid: p in 0.3,0.5,0.8,1 x q in 0,0.01 x N in 64,512,4096 "
-                   "(--trials in every cell).")
-def simulate_command(
-    candidates: int,
-    p: float,
-    q: float,
-    trials: int,
-    as_json: bool,
-    confidence: float,
-    cost_new: float,
-    cost_lifetime: float,
-    repeats: int,
-    seed: int,
-    grid: bool,
-) -> None:
-    """Compare the Bayesian search with classic bisection and fixed repeats on simulated ranges."""
-    if not 0.5 <= confidence < 1:
-        raise UsageError("--confidence must be in [0.5, 1), e.g. 0.99")
-    if cost_new < 0 or cost_lifetime <= 0:
-        raise UsageError("--cost-lifetime must be > 0 and --cost-new >= 0")
-    costs = Costs(cost_new, cost_lifetime)
-
-    def run(n: int, rate_p: float, rate_q: float, count: int) -> SimulationResult:
-        return simulate(
-            n, rate_p, rate_q, count, confidence=confidence, costs=costs, repeats=repeats,
-            seed=seed,
-        )
-
-    if not grid:
-        result = run(candidates, p, q, trials)
-        if as_json:
-            click.echo(json.dumps(result.to_dict() | {"ratios": result.ratios()}, indent=2))
-        else:
-            click.echo(format_result(result))
-        return
-    results = []
-    if not as_json:
-        click.echo(GRID_HEADER)
-    for n in GRID_N:
-        for gp in GRID_P:
-            for gq in GRID_Q:
-                r = run(n, gp, gq, trials)
-                results.append(r.to_dict() | {"ratios": r.ratios()})
-                if not as_json:
-                    click.echo(grid_row(r))
-    if as_json:
-        click.echo(json.dumps({"cells": results}, indent=2))

@@ -8,6 +8,14 @@ the new behaviour is at ``f``: positions ``>= f`` behave like the new end, posit
 the old end. Which side is *bad* (shows the bug) depends on the direction: for a regression the new
 side is bad, for a fix (``--good`` newer than ``--bad``) the old side is.
 
+Two more hypotheses say an end is not what the user said: "the flip lies beyond the good end"
+(every position, the good end too, is on the bad side) and "the bad end does not show the bug"
+(every position is on the good side), each with prior mass ``Priors.end_doubt``. Under
+intermittent evidence the good end is a hypothesis, not a fact (the seed thread records a whole
+clean lifetime of the buggy v0.26.0), so the stated confidence is P(the flip is the named commit
+AND both ends behave as claimed), and the search keeps testing an end until that holds; when an
+end hypothesis itself reaches the threshold the search says so instead of naming a commit.
+
 A lifetime on the bad side shows the bug with unknown probability ``p``, on the good side with an
 unknown false-alarm rate ``q``. Both are integrated out in closed form: ``q`` has a Beta prior
 concentrated near (but not at) 0, so one false alarm is not fatal; ``p`` has a Beta prior mixed
@@ -54,6 +62,11 @@ class Priors:
     p_beta: float = 1.0
     q_alpha: float = 0.5  # Beta prior of the false-alarm rate: mean ~0.01, not 0
     q_beta: float = 50.0
+    # prior probability, for each end, that it does not behave as the user said: the flip lies
+    # beyond the given good end (it shows the bug too, just not yet seen: the seed thread records
+    # a whole clean lifetime of the buggy v0.26.0), or the bad end does not show the bug at all.
+    # The stated confidence is then P(flip at the named commit AND both ends as claimed).
+    end_doubt: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,10 @@ class Summary:
     q_interval: tuple[float, float]
     evaluations: int
     candidates_tested: int
+    #: P(the flip lies beyond the good end: it shows the bug too)
+    good_end_doubt: float = 0.0
+    #: P(the bad end does not show the bug: nothing in the range does)
+    bad_end_doubt: float = 0.0
 
 
 @dataclass
@@ -126,7 +143,8 @@ class _LogGammaTable:
         if top >= len(self.values):
             size = max(top + 1, 2 * len(self.values))
             self.values = np.array([math.lgamma(self.offset + i) for i in range(size)])
-        return self.values[k]
+        out: np.ndarray = self.values[k]
+        return out
 
 
 class _BetaBinomial:
@@ -137,7 +155,8 @@ class _BetaBinomial:
         self.norm = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
 
     def __call__(self, d: np.ndarray, t: np.ndarray) -> np.ndarray:
-        return self.la(d) + self.lb(t - d) - self.lab(t) - self.norm
+        out: np.ndarray = self.la(d) + self.lb(t - d) - self.lab(t) - self.norm
+        return out
 
 
 class BayesianStrategy:
@@ -182,6 +201,22 @@ class BayesianStrategy:
         self._bb_p = _BetaBinomial(self.priors.p_alpha, self.priors.p_beta)
         self._bb_q = _BetaBinomial(self.priors.q_alpha, self.priors.q_beta)
         self._hyp = np.arange(1, self.n + 1)
+        # The two end hypotheses as flip positions outside 1..n: "every position is on the bad
+        # side" (the good end too) and "every position is on the good side" (the bad end too).
+        # For a regression the bad side is >= f, so these are f = 0 and f = n + 1; for a fix
+        # (bad side < f) the other way round. Order: (beyond the good end, bad end not bad).
+        if direction is Direction.REGRESSION:
+            self._end_hyp = np.array([0, self.n + 1])
+        else:
+            self._end_hyp = np.array([self.n + 1, 0])
+        doubt = self.priors.end_doubt
+        if not 0 <= doubt < 0.5:
+            raise ValueError("end_doubt must be in [0, 0.5)")
+        # prior weight of each end hypothesis relative to one in-range flip, whose prior is
+        # (1 - 2 doubt) / n; -inf switches them off
+        self._end_log_prior = (
+            math.log(doubt * self.n / (1 - 2 * doubt)) if doubt > 0 else -math.inf
+        )
         self._posterior: np.ndarray | None = None
         self._base: _Base | None = None
 
@@ -249,23 +284,49 @@ class BayesianStrategy:
         good_t: np.ndarray,
         point_mass: float | None = None,
     ) -> np.ndarray:
-        return self._log_like_p(bad_d, bad_t, point_mass) + self._bb_q(good_d, good_t)
+        out: np.ndarray = self._log_like_p(bad_d, bad_t, point_mass) + self._bb_q(good_d, good_t)
+        return out
+
+    def _end_counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(bad D, bad T, good D, good T) under each end hypothesis: all on one side."""
+        d, t = int(self.counts.divergent.sum()), int(self.counts.total.sum())
+        return np.array([d, 0]), np.array([t, 0]), np.array([0, d]), np.array([0, t])
 
     def _base_state(self) -> _Base:
         if self._base is None:
             bad_d, bad_t, good_d, good_t = self._split()
             log_joint = self._log_joint(bad_d, bad_t, good_d, good_t)
-            top = float(log_joint.max())
-            log_z = top + math.log(float(np.exp(log_joint - top).sum()))
-            self._base = _Base(bad_d, bad_t, good_d, good_t, log_joint, log_z)
+            end_joint = self._log_joint(*self._end_counts()) + self._end_log_prior
+            every = np.concatenate([log_joint, end_joint])
+            top = float(every.max())
+            log_z = top + math.log(float(np.exp(every - top).sum()))
+            self._base = _Base(bad_d, bad_t, good_d, good_t, log_joint, log_z, end_joint)
         return self._base
 
     def posterior(self) -> np.ndarray:
-        """P(flip at f) for f = 1..n, as an array of length n (index f - 1)."""
+        """P(flip at f and both ends as claimed) for f = 1..n, as an array of length n (index
+        f - 1). It sums to 1 minus the two end doubts (``end_doubts``)."""
         if self._posterior is None:
             base = self._base_state()
             self._posterior = np.exp(base.log_joint - base.log_z)
         return self._posterior
+
+    def end_doubts(self) -> tuple[float, float]:
+        """(P(the flip lies beyond the good end), P(the bad end does not show the bug))."""
+        base = self._base_state()
+        beyond, not_bad = np.exp(base.end_joint - base.log_z)
+        return float(beyond), float(not_bad)
+
+    def contradicted_end(self) -> str | None:
+        """"good" or "bad" when the evidence says, at the stopping threshold, that that end does
+        not behave as claimed; None otherwise."""
+        beyond, not_bad = self.end_doubts()
+        threshold = self.stop_threshold()
+        if beyond >= threshold:
+            return "good"
+        if not_bad >= threshold:
+            return "bad"
+        return None
 
     def _block_ids(self) -> np.ndarray:
         """Block index of each hypothesis f = 1..n: a new block starts where commit f - 1 is
@@ -347,12 +408,19 @@ class BayesianStrategy:
         base = self._base_state()
         lq = self._bb_q(base.good_d, base.good_t)
         point = np.where(base.bad_d == base.bad_t, math.log(w), -np.inf) + lq
-        return float(np.exp(point - base.log_z).sum())
+        end_bad_d, end_bad_t, end_good_d, end_good_t = self._end_counts()
+        end_point = (
+            np.where(end_bad_d == end_bad_t, math.log(w), -np.inf)
+            + self._bb_q(end_good_d, end_good_t)
+            + self._end_log_prior
+        )
+        return float(np.exp(point - base.log_z).sum() + np.exp(end_point - base.log_z).sum())
 
     def summary(self) -> Summary:
         block, mass = self.top_block()
         p_med, p_int = self.rate_summary("p")
         q_med, q_int = self.rate_summary("q")
+        beyond, not_bad = self.end_doubts()
         return Summary(
             block=block,
             confidence=mass,
@@ -363,6 +431,8 @@ class BayesianStrategy:
             q_interval=q_int,
             evaluations=int(self.counts.total.sum()),
             candidates_tested=int((self.counts.total > 0).sum()),
+            good_end_doubt=beyond,
+            bad_end_doubt=not_bad,
         )
 
     # -- selection ----------------------------------------------------------------------------
@@ -411,13 +481,20 @@ class BayesianStrategy:
         base = self._base_state()
         hyp, sizes = self._segments(positions)
         active = hyp - 1
+        # the two end hypotheses join as runs of one, with their prior weight as an offset
+        hyp = np.concatenate([hyp, self._end_hyp])
+        sizes = np.concatenate([sizes, [1, 1]])
+        offset = np.concatenate([np.zeros(len(active)), [self._end_log_prior] * 2])
         log_size = np.log(sizes)
-        lj = base.log_joint[active]
+        lj = np.concatenate([base.log_joint[active], base.end_joint])
         log_z = base.log_z
         post = np.exp(lj - log_z)  # of each hypothesis in the run
         h_now = float(-(sizes * post * np.log2(np.where(post > 0, post, 1.0))).sum())
-        bad_d, bad_t = base.bad_d[active], base.bad_t[active]
-        good_d, good_t = base.good_d[active], base.good_t[active]
+        end_bad_d, end_bad_t, end_good_d, end_good_t = self._end_counts()
+        bad_d = np.concatenate([base.bad_d[active], end_bad_d])
+        bad_t = np.concatenate([base.bad_t[active], end_bad_t])
+        good_d = np.concatenate([base.good_d[active], end_good_d])
+        good_t = np.concatenate([base.good_t[active], end_good_t])
         # one row per (position, plan, outcome): k divergent lifetimes out of m more
         rows_pos: list[int] = []
         rows_k: list[int] = []
@@ -437,7 +514,7 @@ class BayesianStrategy:
         pos_arr = np.array(positions)
         h_k = np.empty(len(r_pos))
         log_zk = np.empty(len(r_pos))
-        step = max(1, self.CHUNK // max(len(active), 1))
+        step = max(1, self.CHUNK // max(len(hyp), 1))
         for lo in range(0, len(r_pos), step):
             sl = slice(lo, lo + step)
             where = pos_arr[r_pos[sl]][:, None]
@@ -447,8 +524,11 @@ class BayesianStrategy:
                 mask = hyp[None, :] > where
             k_col, m_col = r_k[sl][:, None], r_m[sl][:, None]
             km, mm = k_col * mask, m_col * mask
-            joint = self._log_joint(
-                bad_d + km, bad_t + mm, good_d + (k_col - km), good_t + (m_col - mm)
+            joint = (
+                self._log_joint(
+                    bad_d + km, bad_t + mm, good_d + (k_col - km), good_t + (m_col - mm)
+                )
+                + offset
             )
             top = joint.max(axis=1, keepdims=True)
             z = top[:, 0] + np.log(np.exp(joint + log_size - top).sum(axis=1))
@@ -473,9 +553,14 @@ class BayesianStrategy:
 
     def bad_side_probability(self) -> np.ndarray:
         """P(position i is on the bad side) for i = 0..n."""
-        # position i is on the new side iff f <= i
-        new_side = np.clip(np.concatenate([[0.0], np.cumsum(self.posterior())]), 0.0, 1.0)
-        return new_side if self.direction is Direction.REGRESSION else 1.0 - new_side
+        # position i is on the new side iff f <= i; the end hypothesis at f = 0 puts every
+        # position there
+        below = self.end_doubts()[0 if self.direction is Direction.REGRESSION else 1]
+        new_side = np.clip(
+            below + np.concatenate([[0.0], np.cumsum(self.posterior())]), 0.0, 1.0
+        )
+        out: np.ndarray = new_side if self.direction is Direction.REGRESSION else 1.0 - new_side
+        return out
 
     def _positions_worth_scoring(self) -> list[int]:
         post = self.posterior()
@@ -492,6 +577,18 @@ class BayesianStrategy:
             for i in found
             if 0 <= i <= self.n and i not in self.counts.untestable and i not in self.retired
         )
+
+    def next_midpoints(self, position: int) -> tuple[int, ...]:
+        """The candidates either outcome at ``position`` would bisect next (mozregression's
+        trick: fetch their artifacts while ``position`` is tested)."""
+        post = self.posterior()
+        cumulative = np.cumsum(post)
+        left = float(post[:position].sum()) if position else 0.0
+        hints: set[int] = set()
+        for target in (left / 2, left + (1 - left) / 2):
+            f = int(np.searchsorted(cumulative, target)) + 1
+            hints.update(p for p in (f - 1, f) if 0 <= p <= self.n and p != position)
+        return tuple(sorted(hints))
 
     def select(self) -> Choice:
         """The next lifetimes to run, by expected information per unit cost."""
@@ -513,6 +610,8 @@ class BayesianStrategy:
     def _ranked(self) -> list[Choice]:
         """The best option of each scored position, best rate first."""
         positions = self._positions_worth_scoring()
+        if not positions:
+            return []
         one = (Plan(1),)
         new_plans = tuple(Plan(m) for m in self.BATCH_OPTIONS)
         plans = [one if i in self.prepared else new_plans for i in positions]
@@ -568,6 +667,7 @@ class _Base:
     good_t: np.ndarray
     log_joint: np.ndarray
     log_z: float
+    end_joint: np.ndarray  # (beyond the good end, bad end not bad), with their prior weight
 
 
 class NoCandidateLeft(Exception):

@@ -37,3 +37,21 @@ class Observation:
     detail: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SearchState:
+    """Where the search stands after replaying the journal, with SHAs instead of positions."""
+
+    state: str  # a ``bisect_tool.verdict.EndState`` value
+    direction: str  # "regression" | "fix"
+    flip_block: tuple[str, ...]  # full SHAs (one unless untestables surround the flip)
+    confidence: float
+    credible_set: tuple[str, ...]  # SHAs holding 90% of the mass
+    p_median: float
+    p_interval: tuple[float, float]
+    q_median: float
+    q_interval: tuple[float, float]
+    evaluations: int
+    candidates_tested: int
+    posterior: tuple[float, ...]  # P(flip at candidate i), aligned with header["candidates"]

@@ -23,7 +23,7 @@ from bisect_tool import recipe as recipe_mod
 from bisect_tool.demo import image, pinned
 from bisect_tool.demo.cli import write_recipe
 from bisect_tool.demo.history import generate
-from bisect_tool.evaluate import build_evaluator
+from bisect_tool.run import open_evaluator
 from bisect_tool.runtime.common import LABEL_SESSION, LABEL_TOOL, TOOL_NAME
 from bisect_tool.values import Verdict
 
@@ -77,9 +77,7 @@ def test_one_lifetime_in_a_container_serves_the_candidate_build(
     sha = history.planted_commit
     session = f"test-demo-docker-{secrets.token_hex(4)}"
     state = tmp_path / "state"
-    with build_evaluator(
-        recipe, history.repo, session=session, state_dir=state, tags={}
-    ) as (evaluator, _parallel, _controls):
+    with open_evaluator(recipe, history.repo, session, state, {}) as (evaluator, _, _controls):
         obs = evaluator.evaluate(sha, "lt-0")
         swap = evaluator._swap(sha, ())  # type: ignore[attr-defined]
     assert obs.verdict in (Verdict.CLEAN, Verdict.INCONCLUSIVE), obs.message  # the fixed kernel

@@ -13,8 +13,8 @@ from bisect_tool.cli import main
 from bisect_tool.demo import pinned
 from bisect_tool.demo.cli import write_recipe
 from bisect_tool.demo.history import DemoHistory, generate
-from bisect_tool.probes.cli import aggregate
 from bisect_tool.values import Verdict
+from bisect_tool.verdict import aggregate
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +117,10 @@ def test_bad_input_is_one_line_naming_the_fix(
     [
         ([Verdict.CLEAN, Verdict.DIVERGENT, Verdict.UNTESTABLE], Verdict.DIVERGENT),
         ([Verdict.CLEAN, Verdict.CLEAN], Verdict.CLEAN),
-        ([Verdict.CLEAN, Verdict.INCONCLUSIVE], Verdict.INCONCLUSIVE),
-        ([Verdict.CLEAN, Verdict.UNTESTABLE], Verdict.INCONCLUSIVE),
+        # INCONCLUSIVE is no evidence and a later crash says nothing: the search's own rule
+        ([Verdict.CLEAN, Verdict.INCONCLUSIVE], Verdict.CLEAN),
+        ([Verdict.CLEAN, Verdict.UNTESTABLE], Verdict.CLEAN),
+        ([Verdict.INCONCLUSIVE, Verdict.UNTESTABLE], Verdict.INCONCLUSIVE),
         ([Verdict.UNTESTABLE, Verdict.UNTESTABLE], Verdict.UNTESTABLE),
         ([], Verdict.INCONCLUSIVE),
     ],

@@ -13,9 +13,9 @@ from bisect_tool.simulate import (
     channel_capacity,
     lower_bound,
     simulate,
-    simulate_command,
     wilson_interval,
 )
+from bisect_tool.simulate_cli import simulate_command
 from bisect_tool.strategy import Costs
 
 

@@ -8,7 +8,6 @@ them (``extract`` and ``import`` of a full SHA run on a GPU machine without them
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from pathlib import Path
 
@@ -64,18 +63,17 @@ def resolve_ref(repo_path: Path, ref: str) -> tuple[str, tuple[str, ...]]:
         if FULL_SHA.match(ref):
             return ref.lower(), ()
         raise UsageError(f"{repo_path} is not a git clone; give --repo PATH") from None
+    from bisect_tool import range as range_mod
+
     with repo:
         try:
-            commit = repo.commit(ref)
-        except (git.BadName, git.BadObject, ValueError):
+            sha = range_mod.resolve_ref(repo, ref)
+        except RangeError as exc:
             if FULL_SHA.match(ref):  # e.g. artifacts imported for a commit this clone lacks
                 return ref.lower(), ()
-            names = [t.name for t in repo.tags] + [h.name for h in repo.heads]
-            near = difflib.get_close_matches(ref, names, n=1)
-            hint = f"; did you mean {near[0]}?" if near else ""
-            raise RangeError(f"unknown ref '{ref}' in {repo_path}{hint}") from None
-        tags = tuple(sorted(t.name for t in repo.tags if t.commit.hexsha == commit.hexsha))
-        return commit.hexsha, tags
+            raise RangeError(f"{exc} in {repo_path}") from None
+        tags = tuple(sorted(t for t in repo.git.tag("--points-at", sha).split() if t))
+        return sha, tags
 
 
 @click.group("artifacts")

@@ -53,7 +53,6 @@ def demo_command(
 
 
 def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) -> None:
-    from bisect_tool import cli as cli_mod
     from bisect_tool import journal as journal_mod
     from bisect_tool.demo import pinned
     from bisect_tool.demo.history import generate
@@ -73,30 +72,25 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
     image = _demo_image() if backend == "docker" else ""
     recipe_path = write_recipe(workdir / "demo-recipe.toml", workdir / "cache", image=image)
     state_dir = workdir / "state"
-    from bisect_tool.errors import NoAnswer
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool import run
+    from bisect_tool.progress import PlainLines
 
-    try:
-        cli_mod.cli.main(
-            args=[
-                "start",
-                "--good",
-                history.good_tag,
-                "--bad",
-                history.bad_tag,
-                "--recipe",
-                str(recipe_path),
-                "--repo",
-                str(repo),
-                "--state-dir",
-                str(state_dir),
-                "--backend",
-                backend,
-            ],
-            prog_name="bisect",
-            standalone_mode=False,
-        )
-    except NoAnswer as exc:
-        click.echo(f"bisect: {exc}", err=True)  # the report below says what was seen
+    request = run.StartRequest(
+        repo=repo,
+        good=history.good_tag,
+        bad=history.bad_tag,
+        journal_path=state_dir / journal_mod.JOURNAL_NAME,
+        recipe=recipe_mod.load(str(recipe_path)),
+        command=(
+            "bisect", "start", "--good", history.good_tag, "--bad", history.bad_tag,
+            "--recipe", str(recipe_path), "--repo", str(repo), "--state-dir", str(state_dir),
+        ),
+    )
+    outcome = run.start(request, PlainLines(lifetimes=False))
+    if not outcome.answered:  # the report below says what was seen
+        click.echo(f"bisect: stopped without an answer ({outcome.state}): {outcome.message}",
+                   err=True)
     wall = time.monotonic() - started
     journal_path = state_dir / journal_mod.JOURNAL_NAME
     contents = journal_mod.read(journal_path)
@@ -122,7 +116,9 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
             )
         )
         return
-    click.echo(cli_mod.render_report(journal_path, "md"))
+    from bisect_tool.report import render_report
+
+    click.echo(render_report(journal_path, "md"))
     found = summary.get("flip_commit") == history.planted_commit
     click.echo(f"\nplanted fix: {history.planted_commit} -> {'found' if found else 'NOT found'}")
     click.echo(

@@ -9,14 +9,10 @@ the rest only when given.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import secrets
 import sys
-import tempfile
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +21,7 @@ import click
 from bisect_tool.errors import RecipeError, UsageError
 from bisect_tool.interfaces import ProbeResult, ServerHandle
 from bisect_tool.recipe import BUNDLED_DIR, ProbeSettings, load
-from bisect_tool.values import Observation, Verdict
+from bisect_tool.values import Verdict
 
 DEFAULT_RECIPE = "batch-invariance"
 EXIT_CODES = {
@@ -167,35 +163,6 @@ def _probe_extension(
 # ---- --commit: one candidate through the same stages a bisect uses -------------------------------
 
 
-def aggregate(verdicts: Sequence[Verdict]) -> Verdict:
-    """One verdict for several lifetimes of one commit.
-
-    The bug is intermittent, so one divergent lifetime is enough for DIVERGENT; CLEAN needs every
-    lifetime clean; all UNTESTABLE is UNTESTABLE; any other mix (or none) is INCONCLUSIVE.
-    """
-    if Verdict.DIVERGENT in verdicts:
-        return Verdict.DIVERGENT
-    if verdicts and all(v is Verdict.UNTESTABLE for v in verdicts):
-        return Verdict.UNTESTABLE
-    if verdicts and all(v is Verdict.CLEAN for v in verdicts):
-        return Verdict.CLEAN
-    return Verdict.INCONCLUSIVE
-
-
-@contextlib.contextmanager
-def _state(state_dir: Path | None) -> Iterator[Path]:
-    if state_dir is not None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        yield state_dir
-    else:
-        with tempfile.TemporaryDirectory(prefix="bisect-probe-") as tmp:
-            yield Path(tmp)
-
-
-def _progress(message: str) -> None:
-    click.echo(message, err=True)
-
-
 def _probe_commit(
     ref: str,
     recipe_name: str,
@@ -207,58 +174,31 @@ def _probe_commit(
     as_json: bool,
 ) -> Verdict:
     """Probe ``lifetimes`` fresh lifetimes of one commit (and, with ``controls``, the controls)
-    through ``build_evaluator``, exactly as a bisect would evaluate that candidate."""
+    through the run owner, exactly as a bisect would evaluate that candidate."""
     # Imported here: --server/--extension must work without git, docker and the artifacts stage.
     from bisect_tool import recipe as recipe_mod
-    from bisect_tool.evaluate import build_evaluator
-    from bisect_tool.range import open_repo, resolve_ref
-    from bisect_tool.runtime.common import sigterm_raises
+    from bisect_tool import run
 
-    if lifetimes == 0 and not controls:
-        raise UsageError("--lifetimes 0 probes nothing; give --lifetimes 1 or more, or --controls")
     recipe = recipe_mod.load(recipe_name).override("probe", **overrides)
-    if recipe.probe.kind not in ("server", "op"):
-        raise UsageError(
-            f"recipe {recipe.name!r} has [probe] kind {recipe.probe.kind!r}; --commit needs a "
-            "server or op probe (for a command, use `bisect start --run`)"
-        )
-    if controls and recipe.probe.kind != "server":
-        raise UsageError("--controls needs a server probe; the op probe has no controls")
-    git_repo = open_repo(repo_path)
-    sha = resolve_ref(git_repo, ref)
-    # Release tags let the download provider find the commit's published wheel.
-    tags = {sha: tuple(t for t in git_repo.git.tag("--points-at", sha).split() if t)}
-    session = f"probe-{secrets.token_hex(4)}"
-    _progress(f"probing {sha[:12]} ({ref}) with recipe {recipe.name!r}, session {session}")
-    observations: list[Observation] = []
-    control_entry: dict[str, Any] | None = None
-    with _state(state_dir) as state, sigterm_raises(), build_evaluator(
-        recipe, repo_path.resolve(), session=session, state_dir=state, tags=tags,
-        progress=_progress,
-    ) as (evaluator, _parallel, controls_for):
-        if controls:
-            runner = controls_for(sha)
-            assert runner is not None  # a server probe always has a controls runner
-            _progress("running the controls (invariance off: concurrent, then sequential)")
-            control_entry = runner.run()
-            if not as_json:
-                _echo_controls(control_entry)
-        for index in range(lifetimes):
-            lifetime_id = f"{sha[:12]}-probe-{index}"
-            _progress(f"lifetime {index + 1}/{lifetimes}: {lifetime_id}")
-            obs = evaluator.evaluate(sha, lifetime_id, tags[sha])
-            observations.append(obs)
-            if not as_json:
-                _echo_lifetime(obs, recipe.probe.kind)
-    verdict = aggregate([o.verdict for o in observations]) if observations else (
-        Verdict.CLEAN if control_entry and control_entry["ok"] else Verdict.INCONCLUSIVE
+
+    def observer(event: Any) -> None:
+        from bisect_tool.events import ControlsEnded, LifetimeEnded, LifetimeStarted, Note
+
+        if isinstance(event, Note):
+            click.echo(event.text, err=True)
+        elif isinstance(event, LifetimeStarted):
+            click.echo(f"lifetime {event.lifetime_id}", err=True)
+        elif isinstance(event, LifetimeEnded) and not as_json:
+            _echo_lifetime(event, recipe.probe.kind)
+        elif isinstance(event, ControlsEnded) and not as_json:
+            _echo_controls(event.entry)
+
+    probed = run.probe_commit(
+        repo_path, ref, recipe, lifetimes=lifetimes, controls=controls, state_dir=state_dir,
+        observer=observer,
     )
-    note = ""
-    if control_entry is not None and not control_entry["ok"] and verdict is Verdict.CLEAN:
-        # A CLEAN means nothing when the probe could not show divergence (vLLM issue 51187:
-        # the dummy-weights lifetimes were all clean).
-        verdict = Verdict.INCONCLUSIVE
-        note = "the controls failed, so clean lifetimes are not evidence"
+    observations, note, verdict = probed.observations, probed.note, probed.verdict
+    sha = probed.sha
     if as_json:
         click.echo(json.dumps({
             "commit": sha,
@@ -270,7 +210,7 @@ def _probe_commit(
                  "duration_s": round(o.duration_s, 3), "detail": o.detail}
                 for o in observations
             ],
-            "controls": control_entry,
+            "controls": probed.controls,
         }, indent=2, default=str))
     else:
         counts = ", ".join(
@@ -284,11 +224,12 @@ def _probe_commit(
     return verdict
 
 
-def _echo_lifetime(obs: Observation, kind: str) -> None:
+def _echo_lifetime(obs: Any, kind: str) -> None:
+    """One ended lifetime (a ``LifetimeEnded`` event): its verdict line and its table."""
     from bisect_tool.probes.render import render_op_detail, render_server_detail
 
-    click.echo(f"\n== lifetime {obs.lifetime_id}: {obs.verdict.value.upper()}: {obs.message}")
-    if obs.detail and obs.verdict is not Verdict.UNTESTABLE:
+    click.echo(f"\n== lifetime {obs.lifetime_id}: {obs.verdict.upper()}: {obs.message}")
+    if obs.detail and obs.verdict != Verdict.UNTESTABLE:
         render = render_op_detail if kind == "op" else render_server_detail
         click.echo(render(obs.detail))
 

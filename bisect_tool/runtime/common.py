@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -28,6 +28,8 @@ from bisect_tool.errors import AbortError, BootFailed
 from bisect_tool.interfaces import ServerHandle
 
 LOOPBACK = "127.0.0.1"
+#: boots of one lifetime when the server lost the race for its port
+PORT_ATTEMPTS = 3
 LABEL_TOOL = "bisect.tool"
 LABEL_SESSION = "bisect.session"
 LABEL_CANDIDATE = "bisect.candidate"
@@ -181,3 +183,69 @@ def signals_deferred() -> Iterator[None]:
 def open_log(path: Path) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path.open("ab", buffering=0)
+
+
+class Launched(Protocol):
+    """One started server (a process group, a container) as the shared boot loop drives it."""
+
+    def exit_status(self) -> str | None: ...
+
+    def alive(self) -> bool: ...
+
+    def stop(self, grace_s: float) -> None: ...
+
+    def boot_log(self) -> str:
+        """What it wrote since it was launched (for a failed boot's log tail)."""
+        ...
+
+
+@contextlib.contextmanager
+def serve_lifetime(
+    lifetime_id: str,
+    log_path: Path,
+    launch: Callable[[int], Launched],
+    *,
+    live: dict[str, Any],
+    lock: threading.Lock,
+    boot_timeout_s: float,
+    grace_s: float,
+    http: httpx.Client,
+    what: str = "server",
+) -> Iterator[RunningServer]:
+    """The boot/retry/teardown loop every backend shares.
+
+    ``launch(port)`` starts one server on ``port`` (a backend's only job); this loop waits for
+    ``/health``, boots again on another port when the server lost the race for its port, turns
+    a server that died or never became healthy into ``BootFailed`` with its log tail, keeps it
+    in ``live`` while it runs (so ``close()`` can stop it from another thread) and stops it on
+    the way out, with SIGINT/SIGTERM deferred so a Ctrl-C cannot leave it running.
+    """
+    launched: Launched | None = None
+    try:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port()
+            launched = launch(port)
+            with lock:
+                live[lifetime_id] = launched
+            url = f"http://{LOOPBACK}:{port}"
+            try:
+                wait_healthy(url, exited=launched.exit_status, timeout_s=boot_timeout_s, http=http)
+                break
+            except ServerExited as exc:
+                text = launched.boot_log()
+                launched.stop(grace_s)
+                if port_taken(text) and attempt < PORT_ATTEMPTS:
+                    continue  # lost the race for the port: boot again on another
+                raise boot_failed(lifetime_id, f"{what} {exc} before /health", tail(text)) from None
+            except TimeoutError as exc:
+                raise boot_failed(lifetime_id, str(exc), tail(launched.boot_log())) from None
+        assert launched is not None  # the loop either broke out with one or raised
+        yield RunningServer(
+            url=url, lifetime_id=lifetime_id, log_path=log_path, alive=launched.alive
+        )
+    finally:
+        if launched is not None:
+            with signals_deferred():
+                launched.stop(grace_s)
+        with lock:
+            live.pop(lifetime_id, None)

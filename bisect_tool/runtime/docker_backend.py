@@ -40,19 +40,11 @@ from bisect_tool.runtime.common import (
     PACKAGE_DIR_SCRIPT,
     TOOL_NAME,
     RunningServer,
-    ServerExited,
-    boot_failed,
-    free_port,
     open_log,
-    port_taken,
-    signals_deferred,
+    serve_lifetime,
     sigterm_raises,
-    tail,
-    wait_healthy,
 )
 from bisect_tool.runtime.overlay import safe_name, split_swap_path
-
-PORT_ATTEMPTS = 3
 
 
 def labels(session: str, *, candidate: str = "", lifetime: str = "") -> dict[str, str]:
@@ -161,6 +153,9 @@ class _Container:
 
     def alive(self) -> bool:
         return self.exit_status() is None
+
+    def boot_log(self) -> str:
+        return self.logs()
 
     def logs(self) -> str:
         try:
@@ -286,62 +281,42 @@ class DockerBackend:
             if not Path(src).is_file():
                 raise RecipeError(f"swap file for {rel} is missing from the cache: {src}")
         targets = self.targets(spec.swap)
-        running: _Container | None = None
-        with sigterm_raises(), self._client() as http:
+
+        def launch(port: int) -> _Container:
+            kwargs = container_spec(self.settings, spec, port=port, targets=targets)
+            self._remove_named(kwargs["name"])  # a resumed lifetime after a crash
+            with open_log(log_path) as log:
+                log.write(f"== bisect lifetime {spec.lifetime_id} port {port}\n".encode())
             try:
-                for attempt in range(1, PORT_ATTEMPTS + 1):
-                    port = free_port()
-                    kwargs = container_spec(self.settings, spec, port=port, targets=targets)
-                    self._remove_named(kwargs["name"])  # a resumed lifetime after a crash
-                    with open_log(log_path) as log:
-                        log.write(f"== bisect lifetime {spec.lifetime_id} port {port}\n".encode())
-                    try:
-                        container = self.client.containers.create(**kwargs)
-                    except docker.errors.ImageNotFound:
-                        raise RecipeError(
-                            f"image {self.settings.image} not found; build or load it"
-                        ) from None
-                    except (docker.errors.APIError, requests.RequestException) as exc:
-                        raise _engine_error(exc) from None
-                    running = _Container(container, log_path)
-                    with self._lock:
-                        self._live[spec.lifetime_id] = running
-                    try:
-                        running.start()
-                    except (docker.errors.APIError, requests.RequestException) as exc:
-                        # e.g. no GPU runtime for the device request: the machine, not the
-                        # candidate, so never a verdict.
-                        raise _engine_error(exc) from None
-                    url = f"http://{LOOPBACK}:{port}"
-                    try:
-                        wait_healthy(
-                            url,
-                            exited=running.exit_status,
-                            timeout_s=self.settings.boot_timeout_s,
-                            http=http,
-                        )
-                        break
-                    except ServerExited as exc:
-                        text = running.logs()
-                        running.stop(self.grace_s)
-                        if port_taken(text) and attempt < PORT_ATTEMPTS:
-                            continue
-                        raise boot_failed(
-                            spec.lifetime_id, f"container {exc} before /health", tail(text)
-                        ) from None
-                    except TimeoutError as exc:
-                        text = running.logs()
-                        raise boot_failed(spec.lifetime_id, str(exc), tail(text)) from None
-                assert running is not None  # the loop either broke out with one or raised
-                yield RunningServer(
-                    url=url, lifetime_id=spec.lifetime_id, log_path=log_path, alive=running.alive
-                )
-            finally:
-                if running is not None:
-                    with signals_deferred():
-                        running.stop(self.grace_s)
-                with self._lock:
-                    self._live.pop(spec.lifetime_id, None)
+                container = self.client.containers.create(**kwargs)
+            except docker.errors.ImageNotFound:
+                raise RecipeError(
+                    f"image {self.settings.image} not found; build or load it"
+                ) from None
+            except (docker.errors.APIError, requests.RequestException) as exc:
+                raise _engine_error(exc) from None
+            running = _Container(container, log_path)
+            try:
+                running.start()
+            except (docker.errors.APIError, requests.RequestException) as exc:
+                # e.g. no GPU runtime for the device request: the machine, not the candidate,
+                # so never a verdict.
+                running.stop(self.grace_s)
+                raise _engine_error(exc) from None
+            return running
+
+        with sigterm_raises(), self._client() as http, serve_lifetime(
+            spec.lifetime_id,
+            log_path,
+            launch,
+            live=self._live,
+            lock=self._lock,
+            boot_timeout_s=self.settings.boot_timeout_s,
+            grace_s=self.grace_s,
+            http=http,
+            what="container",
+        ) as server:
+            yield server
 
     def _remove_named(self, name: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
@@ -368,15 +343,13 @@ class DockerBackend:
     # -- compatibility gate -----------------------------------------------------------------------
 
     def check_compatible(self, swap: SwapSet) -> None:
-        key = (swap.commit, tuple(sorted((k, str(v)) for k, v in swap.files.items())))
+        key = schemas.gate_key(swap)
         if key in self._checked:
             return
         exts = schemas.extension_paths(list(swap.files))
         targets = self.targets(swap) if exts else {}
-        for rel in exts:
-            pinned = self._pinned_dump(targets[rel])
-            if pinned is None:
-                continue
+
+        def candidate_for(rel: str) -> dict[str, str] | None:
             # Mounted exactly where the lifetime will mount it, so it loads as it will there.
             mount = docker.types.Mount(
                 target=targets[rel],
@@ -384,12 +357,12 @@ class DockerBackend:
                 type="bind",
                 read_only=True,
             )
-            candidate = self._dump(
-                targets[rel], what=f"candidate {swap.commit[:12]} {rel}", mounts=[mount]
-            )
-            if candidate is None:
-                raise IncompatibleExtension(f"candidate file for {rel} is not visible in the image")
-            schemas.check_pair(rel, pinned, candidate, swap.commit)
+            what = f"candidate {swap.commit[:12]} {rel}"
+            return self._dump(targets[rel], what=what, mounts=[mount])
+
+        schemas.check_extensions(
+            swap, exts, lambda rel: self._pinned_dump(targets[rel]), candidate_for
+        )
         self._checked.add(key)
 
     def _pinned_dump(self, path: str) -> dict[str, str] | None:

@@ -31,27 +31,21 @@ from bisect_tool.runtime.common import (
     LOOPBACK,
     PACKAGE_DIR_SCRIPT,
     RunningServer,
-    ServerExited,
-    boot_failed,
-    free_port,
     open_log,
-    port_taken,
-    signals_deferred,
+    serve_lifetime,
     sigterm_raises,
-    tail,
-    wait_healthy,
 )
 from bisect_tool.runtime.overlay import OVERLAY_PREFIX, overlay, safe_name, split_swap_path
-
-PORT_ATTEMPTS = 3
 
 
 class _Server:
     """One child process group; the leader is never reaped before the group is killed, so its
     pid (= the group id) cannot be reused by an unrelated process while we signal the group."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, log_start: int) -> None:
         self.proc = proc
+        self.log_path = log_path
+        self.log_start = log_start
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -70,6 +64,9 @@ class _Server:
 
     def alive(self) -> bool:
         return self.exit_status() is None
+
+    def boot_log(self) -> str:
+        return _read_from(self.log_path, self.log_start)
 
     def stop(self, grace_s: float) -> None:
         with self._lock:
@@ -188,68 +185,45 @@ class LocalBackend:
     def lifetime(self, spec: LifetimeSpec) -> Iterator[RunningServer]:
         log_path = Path(spec.log_dir or self.log_dir) / f"{safe_name(spec.lifetime_id)}.log"
         tag = f"{spec.session}-{spec.lifetime_id}"
-        server: _Server | None = None
         with (
             sigterm_raises(),
             overlay(spec.swap.files, self.package_dir, tag=tag, parent=self.overlay_parent) as root,
             self._client() as http,
         ):
-            try:
-                for attempt in range(1, PORT_ATTEMPTS + 1):
-                    port = free_port()
-                    cmd = self._command(port)
-                    with open_log(log_path) as log:
-                        start = log.tell()
-                        header = f"== bisect lifetime {spec.lifetime_id} port {port}: {cmd}\n"
-                        log.write(header.encode())
-                        try:
-                            proc = subprocess.Popen(
-                                cmd,
-                                stdout=log,
-                                stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL,
-                                start_new_session=True,
-                                cwd=root,
-                                env=self._env(spec, root),
-                            )
-                        except OSError as exc:
-                            raise InfrastructureError(
-                                f"cannot start {cmd[0]}: {exc}; set [runtime] python"
-                            ) from None
-                    server = _Server(proc)
-                    with self._lock:
-                        self._live[spec.lifetime_id] = server
-                    url = f"http://{LOOPBACK}:{port}"
+
+            def launch(port: int) -> _Server:
+                cmd = self._command(port)
+                with open_log(log_path) as log:
+                    start = log.tell()
+                    header = f"== bisect lifetime {spec.lifetime_id} port {port}: {cmd}\n"
+                    log.write(header.encode())
                     try:
-                        wait_healthy(
-                            url,
-                            exited=server.exit_status,
-                            timeout_s=self.settings.boot_timeout_s,
-                            http=http,
+                        proc = subprocess.Popen(
+                            cmd,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            cwd=root,
+                            env=self._env(spec, root),
                         )
-                        break
-                    except ServerExited as exc:
-                        server.stop(self.grace_s)
-                        text = _read_from(log_path, start)
-                        if port_taken(text) and attempt < PORT_ATTEMPTS:
-                            continue  # lost the race for the port: boot again on another
-                        raise boot_failed(
-                            spec.lifetime_id, f"server {exc} before /health", tail(text)
+                    except OSError as exc:
+                        raise InfrastructureError(
+                            f"cannot start {cmd[0]}: {exc}; set [runtime] python"
                         ) from None
-                    except TimeoutError as exc:
-                        raise boot_failed(
-                            spec.lifetime_id, str(exc), tail(_read_from(log_path, start))
-                        ) from None
-                assert server is not None  # the loop either broke out with one or raised
-                yield RunningServer(
-                    url=url, lifetime_id=spec.lifetime_id, log_path=log_path, alive=server.alive
-                )
-            finally:
-                if server is not None:
-                    with signals_deferred():
-                        server.stop(self.grace_s)
-                with self._lock:
-                    self._live.pop(spec.lifetime_id, None)
+                return _Server(proc, log_path, start)
+
+            with serve_lifetime(
+                spec.lifetime_id,
+                log_path,
+                launch,
+                live=self._live,
+                lock=self._lock,
+                boot_timeout_s=self.settings.boot_timeout_s,
+                grace_s=self.grace_s,
+                http=http,
+            ) as server:
+                yield server
 
     @contextlib.contextmanager
     def _client(self) -> Iterator[httpx.Client]:
@@ -275,7 +249,7 @@ class LocalBackend:
     # -- compatibility gate -----------------------------------------------------------------------
 
     def check_compatible(self, swap: SwapSet) -> None:
-        key = (swap.commit, tuple(sorted((k, str(v)) for k, v in swap.files.items())))
+        key = schemas.gate_key(swap)
         if key in self._checked:
             return
         exts = schemas.extension_paths(list(swap.files))
@@ -286,18 +260,12 @@ class LocalBackend:
                 tag=f"{self.session}-check-{swap.commit[:12]}",
                 parent=self.overlay_parent,
             ) as root:
-                for rel in exts:
-                    pinned = self._pinned_dump(rel)
-                    if pinned is None:
-                        continue  # a file the pinned stack lacks: nothing pinned calls into it
-                    candidate = schemas.dump_local(
-                        self.settings.python,
-                        str(root / rel),
-                        what=f"candidate {swap.commit[:12]} {rel}",
-                    )
-                    if candidate is None:
-                        raise IncompatibleExtension(f"candidate file for {rel} vanished")
-                    schemas.check_pair(rel, pinned, candidate, swap.commit)
+
+                def candidate_for(rel: str) -> dict[str, str] | None:
+                    what = f"candidate {swap.commit[:12]} {rel}"
+                    return schemas.dump_local(self.settings.python, str(root / rel), what=what)
+
+                schemas.check_extensions(swap, exts, self._pinned_dump, candidate_for)
         self._checked.add(key)
 
     def _pinned_dump(self, rel: str) -> dict[str, str] | None:

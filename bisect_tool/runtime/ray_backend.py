@@ -39,6 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from bisect_tool.artifacts.extract import sha256_file
 from bisect_tool.errors import (
     AbortError,
     BisectError,
@@ -99,14 +100,6 @@ def _sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def pack_swap(swap: SwapSet, shared_cache: str = "") -> ShippedSwap:
     """The swap set as plain values. Files under ``shared_cache`` travel as paths."""
     files: list[ShippedFile] = []
@@ -115,7 +108,7 @@ def pack_swap(swap: SwapSet, shared_cache: str = "") -> ShippedSwap:
         path = Path(path)
         expected = swap.sha256.get(rel, "")
         if shared is not None and path.resolve().is_relative_to(shared):
-            digest = expected or _sha256_file(path)
+            digest = expected or sha256_file(path)
             files.append(ShippedFile(rel, digest, shared_path=str(path.resolve())))
             continue
         data = path.read_bytes()
@@ -142,7 +135,7 @@ def unpack_swap(shipped: ShippedSwap, cache_dir: Path | None = None) -> SwapSet:
         if f.data is None:
             path = Path(f.shared_path)
             try:
-                digest = _sha256_file(path)
+                digest = sha256_file(path)
             except OSError as exc:
                 raise InfrastructureError(
                     f"shared cache file {path} unreadable on this node ({exc}); mount "

@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from bisect_tool.errors import IncompatibleExtension, InfrastructureError
+from bisect_tool.interfaces import SwapSet
 
 # Runs under the *pinned* interpreter (any Python >= 3.8; torch optional). Prints one JSON object.
 DUMP_SCRIPT = r"""
@@ -199,3 +200,29 @@ def is_extension(rel_path: str) -> bool:
 
 def extension_paths(paths: Sequence[str]) -> list[str]:
     return sorted(p for p in paths if is_extension(p))
+
+
+def gate_key(swap: SwapSet) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What a passed gate is remembered by: the commit and its swap files."""
+    return swap.commit, tuple(sorted((k, str(v)) for k, v in swap.files.items()))
+
+
+def check_extensions(
+    swap: SwapSet,
+    exts: Sequence[str],
+    pinned_for: Callable[[str], dict[str, str] | None],
+    candidate_for: Callable[[str], dict[str, str] | None],
+) -> None:
+    """The compatibility gate every backend shares: each swapped extension's op schemas against
+    the pinned stack's (``IncompatibleExtension`` names the op). ``pinned_for(rel)`` and
+    ``candidate_for(rel)`` dump the schemas where the backend runs the pinned stack."""
+    for rel in exts:
+        pinned = pinned_for(rel)
+        if pinned is None:
+            continue  # a file the pinned stack lacks: nothing pinned calls into it
+        candidate = candidate_for(rel)
+        if candidate is None:
+            raise IncompatibleExtension(
+                f"candidate file for {rel} is not visible where the pinned stack runs"
+            )
+        check_pair(rel, pinned, candidate, swap.commit)

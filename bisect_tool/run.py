@@ -1,0 +1,505 @@
+"""The run owner: one bisect from the range to its end (environment -> controls -> loop -> end).
+
+``start`` resolves the range and writes the journal's header; ``resume`` continues a journal
+(that is all a run is: replaying the journal and going on). ``probe_commit`` runs one candidate
+the way a bisect evaluates it. The CLIs (``bisect start/resume``, ``bisect probe --commit``,
+``bisect demo``) only parse flags, call these, and print; the Ray driver is the evaluator
+``open_evaluator`` makes for ``backend = "ray"``.
+
+Every journal entry goes through ``State.apply`` as it is written, so what the run decides from
+and what a later replay rebuilds are the same. Progress goes to an observer as events
+(``bisect_tool.events``); the run never prints.
+"""
+
+from __future__ import annotations
+
+import secrets
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bisect_tool import journal as journal_mod
+from bisect_tool import session
+from bisect_tool.errors import AbortError, StateError, UsageError
+from bisect_tool.evaluate import ControlsRunner, OpEvaluator, RunCommandEvaluator, ServerEvaluator
+from bisect_tool.events import (
+    CandidateChosen,
+    ControlsEnded,
+    LifetimeEnded,
+    LifetimeStarted,
+    Note,
+    Observer,
+    PosteriorMoved,
+    RunEnded,
+    RunStarted,
+    ignore,
+    notes_to,
+)
+from bisect_tool.interfaces import Evaluator, ServerProbe
+from bisect_tool.range import Candidate, CommitRange
+from bisect_tool.recipe import Recipe
+from bisect_tool.strategy import NoCandidateLeft
+from bisect_tool.values import Observation, Verdict
+from bisect_tool.verdict import EndState, aggregate, trusted
+
+ControlsFactory = Callable[[str], "ControlsRunner | Any | None"]
+#: (recipe, repo, session, state dir, tags, observer) -> (evaluator, parallel, controls factory)
+EvaluatorFactory = Callable[
+    [Recipe, Path, str, Path, Mapping[str, Sequence[str]], Observer],
+    AbstractContextManager[tuple[Evaluator, int, ControlsFactory]],
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run stands when ``start``/``resume`` return."""
+
+    state: EndState
+    message: str
+    summary: dict[str, Any]  # ``State.summary()`` at the end (``status --json``'s names)
+    next_candidate: Candidate | None = None  # manual mode: the commit to judge next
+
+    @property
+    def answered(self) -> bool:
+        return self.state.answered
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """What ``bisect start`` was asked, after its flags were parsed."""
+
+    repo: Path
+    good: str
+    bad: str
+    journal_path: Path
+    recipe: Recipe | None = None
+    run_command: str | None = None
+    run_timeout: float = 0.0
+    paths: tuple[str, ...] = ()
+    search_overrides: Mapping[str, Any] | None = None  # without a recipe: --confidence etc.
+    command: tuple[str, ...] = ()
+
+
+# -- the evaluator a recipe describes
+
+
+@contextmanager
+def open_evaluator(
+    recipe: Recipe,
+    repo_path: Path,
+    session_id: str,
+    state_dir: Path,
+    tags: Mapping[str, Sequence[str]],
+    observer: Observer = ignore,
+) -> Iterator[tuple[Evaluator, int, ControlsFactory]]:
+    """The evaluator a recipe describes, with everything it opened closed on exit.
+
+    Yields (evaluator, how many lifetimes may run at once, a factory for the controls runner).
+    """
+    from bisect_tool.artifacts import make_provider
+    from bisect_tool.probes.op import OpProbe
+    from bisect_tool.probes.server import ServerDeterminismProbe
+    from bisect_tool.runtime import make_backend
+    from bisect_tool.runtime.gpus import GpuPool
+    from bisect_tool.runtime.weights import resolve_weights
+
+    progress = notes_to(observer)
+    log_dir = state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    recipe = resolve_weights(recipe, progress=progress)
+    with make_provider(recipe.artifacts, repo_path, log_dir=log_dir, progress=progress) as provider:
+        if recipe.probe.kind == "op":
+            op = OpProbe(recipe.probe, python=recipe.runtime.python or None)
+            op_evaluator = OpEvaluator(provider, op, recipe.runtime.env, tags)
+            op_evaluator.observer = observer
+            yield op_evaluator, 1, lambda _sha: None
+            return
+        if recipe.runtime.backend == "ray":
+            # Lifetimes are Ray tasks; as many run at once as the cluster has free GPUs.
+            from bisect_tool.runtime.ray_backend import ray_evaluator
+
+            with ray_evaluator(
+                provider, recipe, session=session_id, tags=tags, progress=progress
+            ) as ray_eval:
+                # Its controls runner has ControlsRunner's interface: run() -> the journal entry.
+                yield ray_eval, ray_eval.parallel, ray_eval.controls_for
+            return
+        backend = make_backend(recipe.runtime, session=session_id, log_dir=log_dir)
+        try:
+            backend.cleanup_stale(session_id)
+            pool = GpuPool(recipe.runtime.gpus)
+            model = recipe.runtime.model or None
+
+            def probe_factory(sequential: bool) -> ServerProbe:
+                return ServerDeterminismProbe(recipe.probe, model=model, sequential=sequential)
+
+            evaluator = ServerEvaluator(
+                provider,
+                backend,
+                probe_factory,
+                session=session_id,
+                log_dir=log_dir,
+                tags=tags,
+                gpu_lease=pool.lease,
+            )
+            evaluator.observer = observer
+
+            def controls_for(commit: str) -> ControlsRunner:
+                return ControlsRunner(
+                    evaluator,
+                    commit,
+                    recipe.probe.invariance_env,
+                    tags,
+                    attempts=recipe.probe.control_attempts,
+                )
+
+            yield evaluator, pool.size, controls_for
+        finally:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+
+
+# -- start / resume
+
+
+def start(
+    request: StartRequest,
+    observer: Observer = ignore,
+    evaluator_factory: EvaluatorFactory = open_evaluator,
+) -> Outcome:
+    """Resolve the range, write the journal's header, and run to the end (or, in manual mode,
+    to the first candidate to judge)."""
+    from bisect_tool.range import resolve_range
+
+    path = request.journal_path
+    if path.exists():
+        contents = journal_mod.read(path)
+        if not any(e.get("type") == "end" for e in contents.entries):
+            raise StateError(
+                f"a bisect is already in progress in {path.parent}; "
+                "`bisect resume` continues it, `bisect reset` ends it"
+            )
+    recipe = request.recipe
+    path_filter = request.paths or (recipe.range.paths if recipe else ())
+    commit_range = resolve_range(request.repo, request.good, request.bad, path_filter)
+    if path.exists():  # a finished bisect; kept until the new range resolved
+        path.unlink()
+    recipe_dict = recipe.to_dict() if recipe else {"search": dict(request.search_overrides or {})}
+    mode = "run" if request.run_command else ("recipe" if recipe else "manual")
+    header = session.header_for(
+        commit_range,
+        recipe=recipe_dict,
+        command=request.command,
+        repo=request.repo.resolve(),
+        mode=mode,
+    )
+    header["run_command"] = request.run_command or ""
+    header["run_timeout"] = request.run_timeout
+    journal_mod.create(path, header)
+    return resume(path, observer, evaluator_factory, _range=commit_range)
+
+
+def resume(
+    journal_path: Path,
+    observer: Observer = ignore,
+    evaluator_factory: EvaluatorFactory = open_evaluator,
+    *,
+    _range: CommitRange | None = None,
+) -> Outcome:
+    """Continue the run the journal describes, from where it stopped."""
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.runtime.common import sigterm_raises
+
+    contents = journal_mod.read(journal_path)
+    state = session.replay(contents)
+    header = contents.header
+    if state.end is not None:
+        return _outcome(state)
+    mode = header.get("mode", "manual")
+    if mode == "manual":
+        return _outcome(state, next_candidate=session.next_manual_candidate(state))
+    observer(RunStarted(len(state.candidates), str(state.direction), len(state.seen_lifetimes)))
+    with journal_mod.Journal(journal_path) as journal, sigterm_raises():
+        if mode == "run":
+            evaluator: Evaluator = RunCommandEvaluator(
+                Path(header["repo"]), header["run_command"], float(header.get("run_timeout") or 0)
+            )
+            Loop(journal, state, evaluator, observer=observer).run()
+            return _outcome(state)
+        recipe = recipe_mod.from_dict_loose(header["recipe"])
+        tags = {c.sha: c.tags for c in state.candidates}
+        with evaluator_factory(
+            recipe, Path(header["repo"]), header["session"], journal_path.parent, tags, observer
+        ) as (evaluator, parallel, controls_for):
+            _environment(journal, state, contents, recipe)
+            _controls(journal, state, recipe, controls_for, observer)
+            Loop(journal, state, evaluator, parallel=parallel, observer=observer).run()
+    return _outcome(state)
+
+
+def _append(journal: journal_mod.Journal, state: session.State, entry: dict[str, Any]) -> None:
+    """Every entry the run writes is applied as written: a replay rebuilds the same state."""
+    state.apply(journal.append(entry))
+
+
+def _environment(
+    journal: journal_mod.Journal,
+    state: session.State,
+    contents: journal_mod.JournalContents,
+    recipe: Recipe,
+) -> None:
+    from bisect_tool.runtime.environment import environment_facts
+
+    if not any(e.get("type") == "environment" for e in contents.entries):
+        _append(journal, state, {"type": "environment", **environment_facts(recipe)})
+
+
+def _controls(
+    journal: journal_mod.Journal,
+    state: session.State,
+    recipe: Recipe,
+    controls_for: ControlsFactory,
+    observer: Observer,
+) -> None:
+    """The positive and negative controls on the good end, once per run; a run whose positive
+    control never diverged ends here: a CLEAN from that probe would mean nothing."""
+    if recipe.probe.controls and state.controls is None:
+        runner = controls_for(state.candidates[state.strategy.good_end].sha)
+        if runner is not None:
+            observer(Note("running the controls on the good end"))
+            _append(journal, state, runner.run())
+            assert state.controls is not None
+            observer(ControlsEnded(bool(state.controls.get("ok")), state.controls))
+    if state.controls is not None and not state.controls.get("ok", True):
+        positive = (state.controls.get("positive") or {}).get("verdict")
+        if positive != Verdict.DIVERGENT:
+            problem = str(state.controls.get("problem", ""))
+            _append(
+                journal,
+                state,
+                {"type": "end", "state": str(EndState.CONTROLS_FAILED), "message": problem},
+            )
+            raise AbortError(f"controls failed, so a CLEAN would mean nothing: {problem}")
+
+
+def _outcome(state: session.State, next_candidate: Candidate | None = None) -> Outcome:
+    summary = state.summary()
+    end = state.end or {}
+    end_state = EndState(end["state"]) if end else EndState.RUNNING
+    return Outcome(end_state, str(end.get("message", "")), summary, next_candidate)
+
+
+# -- the loop
+
+
+class Loop:
+    """Runs the search to the end, journaling each observation before the next step."""
+
+    def __init__(
+        self,
+        journal: journal_mod.Journal,
+        state: session.State,
+        evaluator: Evaluator,
+        *,
+        parallel: int = 1,
+        observer: Observer = ignore,
+    ) -> None:
+        self.journal = journal
+        self.state = state
+        self.evaluator = evaluator
+        self.parallel = max(1, parallel)
+        self.observer = observer
+        self._durations: list[float] = []
+
+    def run(self) -> dict[str, Any]:
+        state = self.state
+        while True:
+            reason = session.stop_reason(state)
+            if reason is not None:
+                return self._end(*reason)
+            try:
+                batch = state.strategy.select_batch(self.parallel)
+            except NoCandidateLeft as exc:
+                return self._end(EndState.NO_CANDIDATE, str(exc))
+            work: list[tuple[int, Candidate, str]] = []
+            for choice in batch:
+                candidate = state.candidates[choice.position]
+                count = choice.lifetimes if self.parallel > 1 else 1
+                ids = state.next_lifetime_ids(candidate.sha, count)
+                state.seen_lifetimes.update(ids)  # reserved until journaled, then re-added
+                work += [(choice.position, candidate, lid) for lid in ids]
+                self._chosen(candidate, choice.reason, len(ids))
+            for _, _, lid in work:
+                state.seen_lifetimes.discard(lid)
+            hints = state.strategy.next_midpoints(batch[0].position)
+            if hints:
+                self.evaluator.prepare(sorted({state.candidates[p].sha for p in hints}))
+            if len(work) == 1:
+                position, candidate, lid = work[0]
+                self._record(self._evaluate(candidate, lid), position)
+                continue
+            with ThreadPoolExecutor(max_workers=len(work)) as pool:
+                futures = {
+                    pool.submit(self._evaluate, c, lid): position for position, c, lid in work
+                }
+                try:
+                    # journal each lifetime as it comes back, not in submission order
+                    for fut in as_completed(futures):
+                        self._record(fut.result(), futures[fut])
+                except BaseException:
+                    # Ctrl-C or a failed lifetime: stop the others now (e.g. cancel their
+                    # Ray tasks), not after the pool has waited for them all.
+                    cancel = getattr(self.evaluator, "cancel", None)
+                    if cancel is not None:
+                        cancel()
+                    raise
+
+    def _evaluate(self, candidate: Candidate, lifetime_id: str) -> Observation:
+        mean = sum(self._durations) / len(self._durations) if self._durations else None
+        self.observer(LifetimeStarted(candidate.sha, lifetime_id, mean))
+        obs = self.evaluator.evaluate(candidate.sha, lifetime_id, candidate.tags)
+        self.observer(
+            LifetimeEnded(
+                obs.commit, lifetime_id, str(obs.verdict), obs.message, obs.duration_s, obs.detail
+            )
+        )
+        return obs
+
+    def _record(self, obs: Observation, position: int) -> None:
+        _append(self.journal, self.state, session.observation_entry(obs, position))
+        if obs.duration_s:
+            self._durations.append(obs.duration_s)
+        s = self.state.strategy
+        block, mass = s.top_block()
+        self.observer(
+            PosteriorMoved(
+                len(self.state.seen_lifetimes),
+                len(s.credible_set(0.99)),
+                self.state.candidates[block[0]].sha,
+                mass,
+            )
+        )
+
+    def _chosen(self, candidate: Candidate, reason: str, lifetimes: int) -> None:
+        s = self.state.strategy
+        block, mass = s.top_block()
+        self.observer(
+            CandidateChosen(
+                candidate.sha,
+                candidate.subject,
+                reason,
+                lifetimes,
+                int(s.counts.total.sum()),
+                len(s.credible_set(0.99)),
+                self.state.candidates[block[0]].sha,
+                mass,
+            )
+        )
+
+    def _end(self, state_name: EndState, message: str) -> dict[str, Any]:
+        summary = session.finish(self.journal, self.state, state_name, message)
+        self.observer(
+            RunEnded(
+                str(state_name),
+                message,
+                tuple(summary["flip_block"]),
+                float(summary["confidence"]),
+                int(summary["evaluations"]),
+            )
+        )
+        return summary
+
+
+# -- one candidate, as a bisect evaluates it
+
+
+@dataclass(frozen=True)
+class CommitProbe:
+    """``bisect probe --commit``: the candidate's verdict over its lifetimes, by the search's
+    rule (``verdict.aggregate``), vetoed to INCONCLUSIVE when the controls failed."""
+
+    sha: str
+    verdict: Verdict
+    note: str
+    observations: tuple[Observation, ...]
+    controls: dict[str, Any] | None
+
+
+def probe_commit(
+    repo_path: Path,
+    ref: str,
+    recipe: Recipe,
+    *,
+    lifetimes: int,
+    controls: bool,
+    state_dir: Path | None,
+    observer: Observer = ignore,
+    evaluator_factory: EvaluatorFactory = open_evaluator,
+) -> CommitProbe:
+    from bisect_tool.range import open_repo, resolve_ref
+    from bisect_tool.runtime.common import sigterm_raises
+
+    if lifetimes == 0 and not controls:
+        raise UsageError("--lifetimes 0 probes nothing; give --lifetimes 1 or more, or --controls")
+    if recipe.probe.kind not in ("server", "op"):
+        raise UsageError(
+            f"recipe {recipe.name!r} has [probe] kind {recipe.probe.kind!r}; --commit needs a "
+            "server or op probe (for a command, use `bisect start --run`)"
+        )
+    if controls and recipe.probe.kind != "server":
+        raise UsageError("--controls needs a server probe; the op probe has no controls")
+    git_repo = open_repo(repo_path)
+    sha = resolve_ref(git_repo, ref)
+    # Release tags let the download provider find the commit's published wheel.
+    tags = {sha: tuple(t for t in git_repo.git.tag("--points-at", sha).split() if t)}
+    session_id = f"probe-{secrets.token_hex(4)}"
+    observer(Note(f"probing {sha[:12]} ({ref}) with recipe {recipe.name!r}, session {session_id}"))
+    observations: list[Observation] = []
+    control_entry: dict[str, Any] | None = None
+    with _scratch(state_dir) as state, sigterm_raises(), evaluator_factory(
+        recipe, repo_path.resolve(), session_id, state, tags, observer
+    ) as (evaluator, _parallel, controls_for):
+        if controls:
+            runner = controls_for(sha)
+            assert runner is not None  # a server probe always has a controls runner
+            observer(Note("running the controls (invariance off: concurrent, then sequential)"))
+            control_entry = runner.run()
+            observer(ControlsEnded(bool(control_entry["ok"]), control_entry))
+        for index in range(lifetimes):
+            lifetime_id = f"{sha[:12]}-probe-{index}"
+            observer(LifetimeStarted(sha, lifetime_id))
+            started = time.monotonic()
+            obs = evaluator.evaluate(sha, lifetime_id, tags[sha])
+            observations.append(obs)
+            observer(
+                LifetimeEnded(
+                    sha,
+                    lifetime_id,
+                    str(obs.verdict),
+                    obs.message,
+                    obs.duration_s or time.monotonic() - started,
+                    obs.detail,
+                )
+            )
+    controls_ok = None if control_entry is None else bool(control_entry["ok"])
+    if observations:
+        verdict, note = trusted(aggregate(o.verdict for o in observations), controls_ok)
+    else:
+        verdict, note = (Verdict.CLEAN if controls_ok else Verdict.INCONCLUSIVE), ""
+    return CommitProbe(sha, verdict, note, tuple(observations), control_entry)
+
+
+@contextmanager
+def _scratch(state_dir: Path | None) -> Iterator[Path]:
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        yield state_dir
+    else:
+        with tempfile.TemporaryDirectory(prefix="bisect-probe-") as tmp:
+            yield Path(tmp)

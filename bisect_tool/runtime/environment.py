@@ -1,0 +1,75 @@
+"""What the report's environment block shows, asked of the pinned stack the lifetimes run."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from typing import Any
+
+from bisect_tool import __version__
+
+_ENV_SCRIPT = r"""
+import json, platform, sys
+facts = {"python": platform.python_version()}
+try:
+    import importlib.metadata as md
+    facts["pinned_version"] = md.version(sys.argv[1])
+except Exception:
+    pass
+try:
+    import torch
+    facts["torch"] = torch.__version__
+    facts["cuda"] = torch.version.cuda or ""
+    if torch.cuda.is_available():
+        facts["gpu"] = torch.cuda.get_device_name(0)
+except Exception:
+    pass
+print(json.dumps(facts))
+"""
+
+
+def environment_facts(recipe: Any) -> dict[str, Any]:
+    """What the report's Environment line shows: the pinned stack's Python, torch, GPU, driver.
+
+    Asked of the pinned stack's interpreter (local backend) so the versions are the ones the
+    lifetimes ran with; best effort, never an error.
+    """
+    runtime = recipe.runtime
+    facts: dict[str, Any] = {"tool": __version__, "host_python": platform.python_version()}
+    facts["backend"] = runtime.backend
+    if runtime.backend == "docker":
+        facts["image"] = runtime.image
+    else:
+        env = dict(os.environ)
+        if runtime.pinned_package_dir:
+            rest = env.get("PYTHONPATH", "")
+            env["PYTHONPATH"] = runtime.pinned_package_dir + (os.pathsep + rest if rest else "")
+        try:
+            done = subprocess.run(
+                [runtime.python or "python3", "-c", _ENV_SCRIPT, recipe.artifacts.package],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
+            )
+            facts.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            pass
+        if runtime.pinned_package_dir:
+            facts["pinned_stack"] = runtime.pinned_package_dir
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if smi.returncode == 0 and smi.stdout.strip():
+            name, _, driver = smi.stdout.strip().splitlines()[0].partition(",")
+            facts.setdefault("gpu", name.strip())
+            facts["driver"] = driver.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return facts

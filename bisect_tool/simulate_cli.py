@@ -1,0 +1,98 @@
+"""`bisect simulate`: plan a budget on simulated histories (the command line of ``simulate``)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from bisect_tool.errors import UsageError
+from bisect_tool.simulate import (
+    GRID_GOOD_END_BAD,
+    GRID_HEADER,
+    GRID_N,
+    GRID_P,
+    GRID_Q,
+    SimulationResult,
+    format_result,
+    grid_row,
+    simulate,
+)
+from bisect_tool.strategy import Costs
+
+
+@click.command("simulate")
+@click.option("--candidates", "-n", type=int, default=512, show_default=True,
+              help="Commits in the range (hypotheses for the flip).")
+@click.option("--p", "p", type=float, default=0.5, show_default=True,
+              help="Chance that a bad-side lifetime shows the bug.")
+@click.option("--q", "q", type=float, default=0.01, show_default=True,
+              help="False-alarm chance of a good-side lifetime.")
+@click.option("--trials", type=int, default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--confidence", type=float, default=0.99, show_default=True)
+@click.option("--cost-new", type=float, default=10.0, show_default=True,
+              help="Cost of preparing a new candidate (download or build).")
+@click.option("--cost-lifetime", type=float, default=1.0, show_default=True,
+              help="Cost of one more lifetime.")
+@click.option("--repeats", type=int, default=7, show_default=True,
+              help="Lifetimes per candidate for the fixed_repeats baseline.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--good-end-bad", is_flag=True,
+              help="Histories whose given good end is in fact bad: the search must say so.")
+@click.option("--grid", is_flag=True,
+              help="Run the target grid: p in 0.3,0.5,0.8,1 x q in 0,0.01 x N in 64,512,4096 "
+                   "(--trials in every cell).")
+def simulate_command(
+    candidates: int,
+    p: float,
+    q: float,
+    trials: int,
+    as_json: bool,
+    confidence: float,
+    cost_new: float,
+    cost_lifetime: float,
+    repeats: int,
+    seed: int,
+    good_end_bad: bool,
+    grid: bool,
+) -> None:
+    """Compare the Bayesian search with classic bisection and fixed repeats on simulated ranges."""
+    if not 0.5 <= confidence < 1:
+        raise UsageError("--confidence must be in [0.5, 1), e.g. 0.99")
+    if cost_new < 0 or cost_lifetime <= 0:
+        raise UsageError("--cost-lifetime must be > 0 and --cost-new >= 0")
+    costs = Costs(cost_new, cost_lifetime)
+
+    def run(
+        n: int, rate_p: float, rate_q: float, count: int, beyond: bool = False
+    ) -> SimulationResult:
+        return simulate(
+            n, rate_p, rate_q, count, confidence=confidence, costs=costs, repeats=repeats,
+            seed=seed, good_end_bad=beyond,
+        )
+
+    if not grid:
+        result = run(candidates, p, q, trials, good_end_bad)
+        if as_json:
+            click.echo(json.dumps(result.to_dict() | {"ratios": result.ratios()}, indent=2))
+        else:
+            click.echo(format_result(result))
+        return
+    results = []
+    if not as_json:
+        click.echo(GRID_HEADER)
+    for n in GRID_N:
+        for gp in GRID_P:
+            for gq in GRID_Q:
+                r = run(n, gp, gq, trials)
+                results.append(r.to_dict() | {"ratios": r.ratios()})
+                if not as_json:
+                    click.echo(grid_row(r))
+    for n, gp, gq in GRID_GOOD_END_BAD:
+        r = run(n, gp, gq, trials, True)
+        results.append(r.to_dict() | {"ratios": r.ratios()})
+        if not as_json:
+            click.echo(grid_row(r))
+    if as_json:
+        click.echo(json.dumps({"cells": results}, indent=2))

@@ -1,0 +1,161 @@
+"""The import rules of the design, enforced: no import cycle in bisect_tool, the pure core
+imports no I/O library (ruff's banned-api, configured in pyproject.toml), the core passes
+mypy's strict flags."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "bisect_tool"
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """bisect_tool's modules -> the bisect_tool modules each imports (function-level imports
+    included: a lazy import is still a dependency). ``from pkg import sub`` depends on ``sub``;
+    ``from pkg import name`` on ``pkg``."""
+    modules: dict[str, Path] = {}
+    for path in (root / "bisect_tool").rglob("*.py"):
+        if "demo/stack" in path.as_posix():
+            continue  # the demo target's own code, run by the pinned stack, not the tool
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    here = name.split(".") if is_package else name.split(".")[:-1]
+                    here = here[: len(here) - (node.level - 1)]
+                    base = ".".join([*here, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.append(sub if sub in modules else base)
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_bisect_tool_has_no_import_cycle() -> None:
+    graph = import_graph()
+    assert len(graph) > 40  # the walk found the package
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "bisect_tool"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from bisect_tool import b\n")
+    (pkg / "b.py").write_text("def f():\n    from bisect_tool.a import x\n")
+    assert cycles(import_graph(tmp_path)) == [["bisect_tool.a", "bisect_tool.b"]]
+
+
+CORE = ["strategy.py", "verdict.py", "values.py", "events.py", "simulate.py", "report"]
+
+
+def _ruff() -> str:
+    exe = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if exe is None:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    return exe
+
+
+def test_the_core_imports_no_io_library() -> None:
+    done = subprocess.run(
+        [_ruff(), "check", "--select", "TID251", *(str(PACKAGE / c) for c in CORE)],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize("library", ["httpx", "docker", "git", "click", "subprocess"])
+def test_ruff_refuses_an_io_import_in_the_core(tmp_path: Path, library: str) -> None:
+    # The rule as configured, applied to a copy of the core with one forbidden import added.
+    copy = tmp_path / "bisect_tool"
+    (copy / "report").mkdir(parents=True)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (copy / "verdict.py").write_text(f'"""x"""\n\nimport {library}\n\nprint({library})\n')
+    (copy / "run.py").write_text(f'"""x"""\n\nimport {library}\n\nprint({library})\n')
+    done = subprocess.run(
+        [_ruff(), "check", "--select", "TID251", "."], capture_output=True, text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    assert "bisect_tool/verdict.py" in done.stdout and "TID251" in done.stdout
+    assert "bisect_tool/run.py" not in done.stdout  # outside the core, I/O is allowed
+
+
+def test_lint_and_types_are_clean() -> None:
+    """`make lint` as part of `make test`: ruff over the tree, mypy (strict on the core)."""
+    ruff = subprocess.run(
+        [_ruff(), "check", "bisect_tool", "tests", "bench"], capture_output=True, text=True,
+        cwd=ROOT,
+    )
+    assert ruff.returncode == 0, ruff.stdout
+    mypy = subprocess.run(
+        [sys.executable, "-m", "mypy", "bisect_tool"], capture_output=True, text=True, cwd=ROOT,
+    )
+    if "No module named mypy" in mypy.stderr:
+        pytest.skip("mypy is not installed (pip install -e '.[dev]')")
+    assert mypy.returncode == 0, mypy.stdout[-3000:]
