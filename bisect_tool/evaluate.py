@@ -97,6 +97,11 @@ class RunCommandEvaluator:
         return Observation(commit, verdict, lifetime_id, detail, f"exit {code}", elapsed)
 
 
+def swap_facts(swap: SwapSet) -> dict[str, Any]:
+    """What the report's environment block says of a candidate's compiled files."""
+    return {"swap_sha256": dict(swap.sha256), "swap_source": swap.source}
+
+
 class _ArtifactEvaluator:
     """Shared by the server and op evaluators: artifacts, gate, and UNTESTABLE on failure."""
 
@@ -159,6 +164,7 @@ class ServerEvaluator(_ArtifactEvaluator):
             )
         detail = dict(result.detail)
         detail["timing"] = {**detail.get("timing", {}), "artifacts_s": round(artifacts_s, 3)}
+        detail.update(swap_facts(swap))
         return Observation(
             commit,
             result.verdict,
@@ -231,7 +237,7 @@ class OpEvaluator(_ArtifactEvaluator):
             commit,
             result.verdict,
             lifetime_id,
-            result.detail,
+            {**result.detail, **swap_facts(swap)},
             result.message,
             time.monotonic() - started,
         )

@@ -80,6 +80,24 @@ def open_repo(path: Path) -> Any:
         ) from None
 
 
+def remote_url(path: Path) -> str:
+    """The clone's ``origin`` URL (or its first remote's), "" when it has none: the report links
+    commits only for a clone of the vLLM repository on GitHub."""
+    try:
+        repo = open_repo(path)
+    except RangeError:
+        return ""
+    with repo:
+        remotes = list(repo.remotes)
+        chosen = next((r for r in remotes if r.name == "origin"), remotes[0] if remotes else None)
+        if chosen is None:
+            return ""
+        try:
+            return str(next(iter(chosen.urls), ""))
+        except Exception:  # a remote without a URL (gitpython raises its own error types)
+            return ""
+
+
 def resolve_ref(repo: Any, ref: str) -> str:
     """A full SHA for a tag, branch, or short/full SHA; unknown refs suggest near names."""
     import git

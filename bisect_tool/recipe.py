@@ -91,6 +91,9 @@ class ProbeSettings:
     # The positive control can be as intermittent as the bug: up to this many lifetimes until it
     # diverges (each also runs the negative control).
     control_attempts: int = 3
+    # What the issue being bisected reported, in words; the report compares what the lifetimes
+    # showed with it (e.g. "different logprobs across repeats at ~44 co-resident sequences").
+    reported_symptom: str = ""
     # op probe
     ops: tuple[str, ...] = ("rms_norm", "fused_add_rms_norm")
     op_namespace: str = "_C"

@@ -175,7 +175,7 @@ def start(
 ) -> Outcome:
     """Resolve the range, write the journal's header, and run to the end (or, in manual mode,
     to the first candidate to judge)."""
-    from bisect_tool.range import resolve_range
+    from bisect_tool.range import remote_url, resolve_range
 
     path = request.journal_path
     if path.exists():
@@ -199,6 +199,7 @@ def start(
         repo=request.repo.resolve(),
         mode=mode,
     )
+    header["remote_url"] = remote_url(request.repo)
     header["run_command"] = request.run_command or ""
     header["run_timeout"] = request.run_timeout
     journal_mod.create(path, header)

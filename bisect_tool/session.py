@@ -154,6 +154,8 @@ class State:
             evaluations=s.evaluations,
             candidates_tested=s.candidates_tested,
             posterior=(0.0, *(float(x) for x in self.strategy.posterior())),
+            good_end_doubt=s.good_end_doubt,
+            bad_end_doubt=s.bad_end_doubt,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -174,6 +176,8 @@ class State:
             "q_estimate": st.q_median,
             "q_interval": list(st.q_interval),
             "posterior": list(st.posterior),
+            "good_end_doubt": st.good_end_doubt,
+            "bad_end_doubt": st.bad_end_doubt,
             "message": (self.end or {}).get("message", ""),
         }
 

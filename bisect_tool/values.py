@@ -55,3 +55,5 @@ class SearchState:
     evaluations: int
     candidates_tested: int
     posterior: tuple[float, ...]  # P(flip at candidate i), aligned with header["candidates"]
+    good_end_doubt: float = 0.0  # P(the flip lies beyond the good end)
+    bad_end_doubt: float = 0.0  # P(the bad end does not show the bug)

@@ -127,6 +127,8 @@ def write_journal(path: Path) -> None:
         j.append({
             "type": "header", "version": journal.JOURNAL_VERSION, "session": "s-1234",
             "repo": "/src/vllm", "good_ref": "v0.27.0", "bad_ref": "v0.26.0",
+            "remote_url": "git@github.com:vllm-project/vllm.git",
+            "paths": ["csrc/", "CMakeLists.txt"],
             "good": sha(9), "bad": sha(0), "direction": "fix",
             "candidates": [
                 {"sha": sha(i), "subject": s, "pr": None, "tags": []}
@@ -227,115 +229,162 @@ def first_paragraph(md: str) -> str:
     return html[start: html.index("</p>", start)]
 
 
-def test_table_has_one_row_per_tested_candidate_with_the_journals_counts(
+def evidence_rows(md: str) -> list[list[tuple[str, list[str]]]]:
+    """Body rows of the Evidence table (the table after "### Evidence")."""
+    return table_rows(md[md.index("### Evidence"):])
+
+
+def test_evidence_has_one_row_per_lifetime_with_the_journals_facts(
     contents: JournalContents,
 ) -> None:
     md = render_markdown(build_report(contents, STATE))
-    rows = table_rows(md)
+    rows = evidence_rows(md)
+    journaled = contents.observations
+    assert len(rows) == len(journaled) + 1  # + the untestable candidate
+    by_lifetime = {r[1][0]: r for r in rows}
+    for obs in journaled:
+        row = by_lifetime[obs["lifetime_id"]]
+        assert row[2][0] == obs["verdict"].upper()
+        detail = obs["detail"]
+        if "max_coresidency" in detail:
+            assert row[3][0] == f"{detail['max_coresidency']} / {TARGET}"
+            assert row[4][0] == f"{detail['distinct_outputs']} / 5"
+    # the candidate's own verdict and role on its first row, linked to the vLLM commit
     expected = expected_rows()
-    assert [int(r[0][0].split()[0]) for r in rows] == sorted(expected)  # history order
-    for row in rows:
-        index = int(row[0][0].split()[0])
-        want = expected[index]
-        commit_text, commit_links = row[1]
-        assert commit_text == sha(index)[:7]
-        assert commit_links == [f"{REPO}/commit/{sha(index)}"]
-        assert int(row[3][0]) == want["lifetimes"], index
-        assert int(row[4][0]) == want["divergent"], index
-        assert row[8][0] == want["verdict"], index
-        if want["distinct"] is None:
-            assert row[5][0] == "-"
-        else:
-            assert row[5][0] == f"{want['distinct']}/5"
-    by_index = {int(r[0][0].split()[0]): r for r in rows}
-    assert "bad end" in by_index[0][0][0] and "good end" in by_index[9][0][0]
-    assert by_index[FLIP][2][1] == [f"{REPO}/pull/{FIX_PR}"]
-    assert by_index[0][2] == ("-", [])  # the release commit has no PR
-    assert by_index[FLIP][7][0] == f"{TARGET}/{TARGET}"
-    assert by_index[7][7][0] == f"36–{TARGET}/{TARGET}"  # one repeat never formed the batch
-    assert by_index[0][6][0] != "-" and float(by_index[0][6][0]) == pytest.approx(2e-3)
-    assert by_index[FLIP][6][0] == "0"  # clean lifetimes: no delta at all
+    firsts = [r for r in rows if r[0][0] != "″"]
+    for row in firsts[:-1]:
+        index = next(i for i in expected if row[0][0].startswith(sha(i)[:7]))
+        assert row[0][0].endswith(f"{expected[index]['verdict']})"), row[0][0]
+        assert row[0][1] == [f"{REPO}/commit/{sha(index)}"]
+    assert "(bad end, DIVERGENT)" in rows[0][0][0]
+    assert rows[-1][2][0] == "UNTESTABLE" and rows[-1][0][0] == sha(UNTESTABLE)[:7]
+    assert "Max \\|Δ logprob\\| across repeats" in md
+    assert "Co-residency reached / target" in md
 
 
-def test_answer_line_links_the_flip_commit_and_its_pr(contents: JournalContents) -> None:
+def test_headline_says_the_answer_in_words_with_its_confidence(
+    contents: JournalContents,
+) -> None:
     md = render_markdown(build_report(contents, STATE))
+    title = [t for t in parse(md) if t.type == "inline"][0].content
+    assert title.startswith("Bisect result: fixed in ")
+    assert "in the compiled extension" in title and "_C_stable_libtorch.abi3.so" in title
+    assert "0.26.0's Python" in title  # the environment's pinned version
     first = first_paragraph(md)
-    assert first.startswith("<p><strong>First good commit</strong> (fix)")
+    assert first.startswith("<p><strong>First good commit</strong>")
     assert f'href="{REPO}/commit/{sha(FLIP)}"' in first
     assert f'href="{REPO}/pull/{FIX_PR}"' in first
     # The subject's brackets stay literal text, and the PR is not repeated in the subject.
-    assert "[Bugfix][Kernel] Fix batch invariance in RMSNorm kernels by pinning block size (" \
+    assert "[Bugfix][Kernel] Fix batch invariance in RMSNorm kernels by pinning block size" \
         in first
-    assert "(#48391)" not in first.replace(f">#{FIX_PR}<", "")
-    assert "confidence 99.3%" in first
-    assert "credible set (90%): 1 commit," in first
-    assert "estimated p = 0.55 [0.31, 0.78]" in first
+    assert "<strong>99.3%</strong> that this is the first good commit and both ends" in first
+    head = md[: md.index("### Changes in the range")]
+    assert "v0.26.0 (bad) .. v0.27.0 (good), commit level, 10 candidates" in head
+    assert "3 lifetimes of the bad end (2 divergent)" in head
+    assert "2 lifetimes of the good end (0 divergent)" in head
+    assert "controls held (positive DIVERGENT, negative CLEAN)" in head
+    assert "p = 0.55 [0.31, 0.78]" in head
 
 
-def test_setup_section_shows_environment_recipe_range_and_controls(
-    contents: JournalContents,
-) -> None:
+def test_prs_in_the_range_are_listed_with_links(contents: JournalContents) -> None:
     md = render_markdown(build_report(contents, STATE))
-    setup = md[md.index("### Setup"): md.index("### Tested candidates")]
-    for fact in ("NVIDIA H200", "570.86.15", "2.11.0+cu130", "3.12.3", "batch-invariance",
-                 "VLLM_BATCH_INVARIANT=1", "--max-num-seqs 64", "_C_stable_libtorch.abi3.so",
-                 "v0.26.0", "v0.27.0", "10 candidates", "0.1.0"):
-        assert fact in setup, fact
-    assert f"{REPO}/compare/{sha(0)}...{sha(9)}" in links(md)
-    assert "Positive control (invariance off, concurrent): **DIVERGENT**" in setup
-    assert "Negative control (one request at a time): **CLEAN**" in setup
-    assert "[!WARNING]" not in md
+    section = md[md.index("### Changes in the range"): md.index("### Environment")]
+    assert "touch the compiled sources (`csrc/`, `CMakeLists.txt`)" in section
+    assert f"{REPO}/pull/{FIX_PR}" in links(section)
+    assert f"{REPO}/pull/47001" in links(section)
 
 
-def test_json_has_the_same_numbers_as_the_markdown(contents: JournalContents) -> None:
+def test_links_only_to_commits_of_the_vllm_remote(
+    tmp_path: Path, contents: JournalContents
+) -> None:
+    path = tmp_path / journal.JOURNAL_NAME
+    with Journal(path) as j:
+        j.append({**contents.header, "remote_url": "https://example.com/me/fork.git"})
+    md = render_markdown(build_report(journal.read(path), STATE))
+    assert not [u for u in links(md) if "/commit/" in u]
+    # the tags name the same commits upstream: the compare URL comes from them
+    assert f"{REPO}/compare/v0.26.0...v0.27.0" in links(md)
+
+
+def test_environment_block_and_symptom(contents: JournalContents) -> None:
+    md = render_markdown(build_report(contents, STATE))
+    env = md[md.index("### Environment"): md.index("### Evidence")]
+    rows = {r[0][0]: r[1][0] for r in table_rows(env)}
+    assert rows["GPU"] == "NVIDIA H200"
+    assert rows["Driver"] == "570.86.15" and rows["Python"] == "3.12.3"
+    assert rows["Weights"].startswith("random weights at the config's initializer scale")
+
+
+def test_json_has_the_same_facts_as_the_markdown(contents: JournalContents) -> None:
     report = build_report(contents, STATE)
     data = json.loads(render_json(report))
     assert data == json.loads(json.dumps(report))  # nothing lost or stringified
-    rows = table_rows(render_markdown(report))
-    assert len(rows) == len(data["tested"])
-    for row, t in zip(rows, data["tested"], strict=True):
-        assert int(row[0][0].split()[0]) == t["index"]
-        assert (int(row[3][0]), int(row[4][0]), row[8][0]) == (
-            t["lifetimes"], t["divergent"], t["verdict"])
+    rows = evidence_rows(render_markdown(report))
+    assert len(rows) == len(data["lifetimes"]) + len(data["untestable"])
     a = data["answer"]
     assert a["flip_block"][0]["sha"] == sha(FLIP) and a["flip_block"][0]["pr"] == FIX_PR
     assert (a["confidence"], a["p_median"], a["p_interval"]) == (0.993, 0.55, [0.31, 0.78])
     assert data["posterior"] == list(posterior())
     assert data["controls"]["positive"]["verdict"] == "DIVERGENT"
-    assert data["environment"]["versions.torch"] == "2.11.0+cu130"
+    assert data["headline"]["words"].startswith("fixed in ")
     assert len(data["lifetimes"]) == len(LIFETIMES) + 1  # the repeated lifetime id counted once
 
 
-def test_long_parts_are_folded_into_details(contents: JournalContents) -> None:
+def test_long_parts_are_folded_and_log_tails_are_quiet(contents: JournalContents) -> None:
     md = render_markdown(build_report(contents, STATE))
-    blocks = [t for t in parse(md) if t.type == "html_block" and "<details>" in t.content]
-    assert len(blocks) == len(expected_rows()) + 2  # one per candidate, command, posterior
-    first_screen = md[: md.index("### Details")]
-    assert "Log tail" not in first_screen and "```" not in first_screen
-    # The lifetime tables come from the probe's own renderer.
-    assert "| distinct outputs / repeats | 3 / 5 |" in md
+    first_screen = md[: md.index("<details>")]
+    assert "Log tail" not in first_screen
+    assert "| distinct outputs / repeats | 3 / 5 |" in md  # the probe's own renderer
     assert "no wheel for this commit and the source build failed" in md
     # A log tail holding ``` gets a longer fence, so it cannot end the code block early.
     fences = [t for t in parse(md) if t.type == "fence" and t.info == "text"]
     assert any("Traceback: boom" in t.content and "```" in t.content for t in fences)
     command = [t.content for t in parse(md) if t.type == "fence" and t.info == "sh"]
-    assert command == ["bisect start --good v0.27.0 --bad v0.26.0 --recipe batch-invariance "
-                       "--env 'A=has space'\n"]
+    assert command[0] == ("bisect start --good v0.27.0 --bad v0.26.0 --recipe batch-invariance "
+                          "--env 'A=has space'\n")
+
+
+def test_access_log_lines_leave_the_log_tail() -> None:
+    from bisect_tool.report.facts import quiet_log
+
+    text = ('INFO engine config: max_num_seqs=64\n'
+            '(APIServer pid=2711) INFO:     127.0.0.1:36066 - "POST /v1/completions HTTP/1.1" '
+            '200 OK\nERROR boom')
+    assert quiet_log(text) == "INFO engine config: max_num_seqs=64\nERROR boom"
+
+
+def test_reproduce_lists_changed_recipe_values_and_one_lifetime(
+    contents: JournalContents,
+) -> None:
+    bundled = {"name": "batch-invariance", "runtime": {"model": "Qwen/Qwen3-0.6B",
+                                                       "env": {"VLLM_BATCH_INVARIANT": "1"}},
+               "probe": {"kind": "server", "requests": 31, "fillers": 13, "repeats": 5,
+                         "jitter_ms": 40.0, "target_coresidency": 0}}
+    header = {**contents.header}
+    header["recipe"] = {**header["recipe"], "runtime": {
+        **header["recipe"]["runtime"], "server_module": "vllm.entrypoints.openai.api_server"}}
+    report = build_report(journal.JournalContents(header, contents.entries), STATE,
+                          bundled_recipe=bundled)
+    md = render_markdown(report)
+    toml = [t.content for t in parse(md) if t.type == "fence" and t.info == "toml"]
+    assert toml and "target_coresidency = 44" in toml[0] and "requests" not in toml[0]
+    sh = [t.content for t in parse(md) if t.type == "fence" and t.info == "sh"]
+    assert any(c.startswith("VLLM_BATCH_INVARIANT=1 vllm serve Qwen/Qwen3-0.6B") for c in sh)
+    assert any("bisect probe --server http://127.0.0.1:8000" in c for c in sh)
 
 
 def test_block_answer_lists_every_commit_like_git(contents: JournalContents) -> None:
     block = (sha(5), sha(6), sha(7))
     state = replace(STATE, flip_block=block, credible_set=block, confidence=0.991)
     md = render_markdown(build_report(contents, state))
-    head = md[: md.index("### Setup")]
+    head = md[: md.index("### Changes")]
     assert "could be any of these 3 commits" in head
-    assert "confidence 99.1%" in head
+    assert "**99.1%**" in head
     tokens = MarkdownIt("commonmark").parse(head)
     items = [t for t in tokens if t.type == "list_item_open"]
-    assert len(items) == 3
+    assert len(items) >= 3
     for i in (5, 6, 7):
         assert f"{REPO}/commit/{sha(i)}" in links(head)
-    assert f"{REPO}/pull/{FIX_PR}" in links(head)
 
 
 @pytest.mark.parametrize(
@@ -345,7 +394,7 @@ def test_block_answer_lists_every_commit_like_git(contents: JournalContents) -> 
         ("no_candidate_left", "Inconclusive: no testable candidate left"),
         ("bad_end_never_reproduced", "never showed the bug in 3 lifetimes"),
         ("controls_failed", "CLEAN results are not trusted"),
-        ("aborted", "Aborted"),
+        ("ends_contradict", "An end is not what it was said to be"),
         ("running", "Still running"),
     ],
 )
@@ -358,6 +407,7 @@ def test_not_done_states_say_so_first(
     first = first_paragraph(md)
     assert phrase in first
     assert not first.startswith("<p><strong>First good commit")
+    assert not md.startswith("## Bisect result: fixed")  # no answer in words without one
     if state in ("budget_exhausted", "no_candidate_left"):
         assert "the 90% credible set is" in first
         assert all(f"{REPO}/commit/{s}" in first for s in top3)
@@ -377,8 +427,15 @@ def test_failed_positive_control_warns(tmp_path: Path, contents: JournalContents
     md = render_markdown(report)
     assert "Positive control (invariance off, concurrent): **CLEAN**" in md
     assert "[!WARNING]" in md
-    assert "No candidate was tested." in md
+    assert "No lifetime ran." in md
     assert "positive control (invariance off) was clean" in first_paragraph(md)
+
+
+def test_no_posterior_plot_below_eight_candidates(contents: JournalContents) -> None:
+    small = {**contents.header, "candidates": contents.header["candidates"][:2]}
+    state = replace(STATE, posterior=(0.0, 1.0), flip_block=(sha(1),), credible_set=(sha(1),))
+    md = render_markdown(build_report(journal.JournalContents(small, ()), state))
+    assert "Posterior over the range" not in md
 
 
 def test_plot_png_is_written_and_referenced(tmp_path: Path, contents: JournalContents) -> None:
@@ -456,8 +513,8 @@ def test_op_probe_lifetimes_use_the_op_table(tmp_path: Path, contents: JournalCo
         j.append({"type": "observation", "lifetime_id": "op-1", "commit": sha(0), "position": 0,
                   "verdict": verdict.value, "detail": detail, "message": message})
     md = render_markdown(build_report(journal.read(path), STATE))
-    rows = table_rows(md)
-    assert len(rows) == 1 and rows[0][8][0] == "DIVERGENT"
-    assert rows[0][6][0] == "4.883e-04"
-    assert "Max abs diff" in md and "Max abs Δ logprob" not in md
+    rows = evidence_rows(md)
+    assert len(rows) == 1 and rows[0][2][0] == "DIVERGENT"
+    assert rows[0][5][0] == "4.883e-04"
+    assert "Max abs diff between launch sizes" in md and "Δ logprob" not in md
     assert "| rms_norm | float16 | 4096 | 8/16 |" in md  # render_op_detail's own row

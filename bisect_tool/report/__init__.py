@@ -33,8 +33,25 @@ def render_report(journal_path: Path, fmt: str = "md", plot: Path | None = None)
     from bisect_tool import journal, session
 
     contents = journal.read(journal_path)
-    built = build_report(contents, session.replay(contents).search_state())
+    built = build_report(
+        contents, session.replay(contents).search_state(), bundled_recipe=_bundled(contents)
+    )
     if fmt == "json":
         return render_json(built)
     written = plot_posterior(built, plot) if plot is not None else None
     return render_markdown(built, plot=written)
+
+
+def _bundled(contents: object) -> dict[str, object] | None:
+    """The bundled recipe the run's recipe is named after, for the reproduce section's diff."""
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.errors import RecipeError
+
+    header = getattr(contents, "header", {}) or {}
+    name = str((header.get("recipe") or {}).get("name") or "")
+    if not name or not (recipe_mod.BUNDLED_DIR / f"{name}.toml").exists():
+        return None
+    try:
+        return recipe_mod.load(name).to_dict()
+    except RecipeError:
+        return None

@@ -12,10 +12,12 @@ list or string), ``session``. The last ``end`` entry's ``message`` explains a st
 
 from __future__ import annotations
 
+import json as _json
 import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from bisect_tool.errors import StateError
@@ -23,8 +25,18 @@ from bisect_tool.journal import JournalContents
 from bisect_tool.values import SearchState, Verdict
 from bisect_tool.verdict import aggregate
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 SHORT = 7
+VLLM_URL = "https://github.com/vllm-project/vllm"
+#: below this many candidates a posterior plot shows nothing a table does not
+PLOT_MIN_CANDIDATES = 8
+#: PRs listed in the headline's "changes in the range" before "and N more"
+PRS_SHOWN = 30
+_VLLM_REMOTE = re.compile(r"^(https?://|ssh://git@|git@)github\.com[:/]vllm-project/vllm(\.git)?/?$")
+# uvicorn's access log ("127.0.0.1:36066 - "POST /v1/completions HTTP/1.1" 200 OK"): the
+# lifetime's log tail keeps the engine's configuration lines and errors, not the requests
+_ACCESS_LOG = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|OPTIONS) \S+ HTTP/[\d.]+" \d{3}')
+_RELEASE_TAG = re.compile(r"^v?\d+\.\d+\.\d+([.-]?post\d+)?$")
 _PR_IN_SUBJECT = re.compile(r"\s*\(#(\d+)\)\s*$")
 
 # ---------------------------------------------------------------------------------------------
@@ -35,11 +47,20 @@ def build_report(
     contents: JournalContents,
     state: SearchState,
     *,
-    repo_url: str = "https://github.com/vllm-project/vllm",
+    repo_url: str | None = None,
+    bundled_recipe: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything the Markdown shows, as plain JSON values."""
-    repo_url = repo_url.rstrip("/")
+    """Everything the Markdown shows, as plain JSON values.
+
+    ``repo_url``: where commit links point; by default the vLLM repository when the journal's
+    clone has it as its remote (``header["remote_url"]``), else no commit links at all (a SHA
+    of a fork or a stand-in repository would 404 there). ``bundled_recipe``: the bundled recipe
+    of the same name, so the reproduce section lists only the values this run changed.
+    """
     header = contents.header
+    if repo_url is None:
+        repo_url = VLLM_URL if is_vllm_remote(str(header.get("remote_url") or "")) else ""
+    repo_url = repo_url.rstrip("/")
     raw_candidates = header.get("candidates") or []
     if not raw_candidates:
         raise StateError("the journal header lists no candidates; the session never started")
@@ -60,50 +81,54 @@ def build_report(
     recipe = header.get("recipe") or {}
     probe_kind = str((recipe.get("probe") or {}).get("kind", "server"))
     bad_end_lifetimes = next((t["lifetimes"] for t in tested if t["index"] == bad_end), 0)
+    lifetimes = _lifetimes(contents, commits)
+    environment = _environment(contents)
+    rng = _range_facts(header, commits, good_end, bad_end, direction, repo_url, recipe)
+    answer = {
+        "state": state.state,
+        "direction": direction,
+        "flip_block": [_lookup(by_sha, s, repo_url) for s in state.flip_block],
+        "confidence": _num(state.confidence),
+        "good_end_doubt": _num(state.good_end_doubt),
+        "bad_end_doubt": _num(state.bad_end_doubt),
+        "credible_set": [_lookup(by_sha, s, repo_url) for s in state.credible_set],
+        "p_median": _num(state.p_median),
+        "p_interval": [_num(x) for x in state.p_interval],
+        "q_median": _num(state.q_median),
+        "q_interval": [_num(x) for x in state.q_interval],
+        "evaluations": state.evaluations,
+        "candidates_tested": state.candidates_tested,
+        "bad_end_lifetimes": bad_end_lifetimes,
+        "end_message": _end_message(contents.end),
+    }
+    controls = _controls(contents)
     return {
         "report_version": REPORT_VERSION,
         "repo_url": repo_url,
         "session": header.get("session") or header.get("session_id"),
         "tool_version": header.get("tool_version"),
         "started": header.get("started"),
-        "answer": {
-            "state": state.state,
-            "direction": direction,
-            "flip_block": [_lookup(by_sha, s, repo_url) for s in state.flip_block],
-            "confidence": _num(state.confidence),
-            "credible_set": [_lookup(by_sha, s, repo_url) for s in state.credible_set],
-            "p_median": _num(state.p_median),
-            "p_interval": [_num(x) for x in state.p_interval],
-            "q_median": _num(state.q_median),
-            "q_interval": [_num(x) for x in state.q_interval],
-            "evaluations": state.evaluations,
-            "candidates_tested": state.candidates_tested,
-            "bad_end_lifetimes": bad_end_lifetimes,
-            "end_message": _end_message(contents.end),
-        },
-        "range": {
-            "good_ref": _ref(header, "good"),
-            "good_sha": _sha(header, "good") or commits[good_end]["sha"],
-            "bad_ref": _ref(header, "bad"),
-            "bad_sha": _sha(header, "bad") or commits[bad_end]["sha"],
-            "direction": direction,
-            "candidates": len(commits),
-            "old_end": commits[0]["sha"],
-            "new_end": commits[last]["sha"],
-            "good_end_index": good_end,
-            "bad_end_index": bad_end,
-            "compare_url": f"{repo_url}/compare/{commits[0]['sha']}...{commits[last]['sha']}",
-        },
-        "environment": _environment(contents),
+        "answer": answer,
+        "headline": _headline(answer, rng, commits, recipe, environment),
+        "rests_on": _rests_on(tested, good_end, bad_end, controls),
+        "range": rng,
+        "prs": _prs(commits, rng, repo_url),
+        "environment": environment,
+        "environment_block": _environment_block(environment, recipe, tested),
         "recipe": _recipe_summary(recipe),
         "probe_kind": probe_kind,
-        "controls": _controls(contents),
+        "controls": controls,
         "tested": tested,
-        "lifetimes": _lifetimes(contents, commits),
+        "lifetimes": lifetimes,
+        "symptom": _symptom(recipe, tested, bad_end),
         "untestable": _untestables(contents, commits),
         "posterior": [_num(x) or 0.0 for x in state.posterior],
+        "show_plot": len(commits) >= PLOT_MIN_CANDIDATES,
+        "rates": _rates(answer, tested, bad_end, good_end),
         "commits": [{k: c[k] for k in ("sha", "short", "subject", "pr")} for c in commits],
         "reproduce": _command(header.get("command")),
+        "reproduce_recipe": _recipe_changes(recipe, bundled_recipe),
+        "reproduce_lifetime": _lifetime_commands(recipe),
         "plot": None,
     }
 
@@ -161,8 +186,8 @@ def _commit(raw: Mapping[str, Any], index: int, repo_url: str) -> dict[str, Any]
         "subject": subject.strip(),
         "pr": pr_number,
         "tags": list(raw.get("tags") or []),
-        "commit_url": f"{repo_url}/commit/{sha}",
-        "pr_url": f"{repo_url}/pull/{pr_number}" if pr_number is not None else None,
+        "commit_url": f"{repo_url}/commit/{sha}" if repo_url else None,
+        "pr_url": f"{repo_url}/pull/{pr_number}" if repo_url and pr_number is not None else None,
     }
 
 
@@ -265,6 +290,12 @@ def _tested(
         r["min_coresidency"] = _min(peaks)
         r["target_coresidency"] = _max([d.get("target_coresidency") for d in details])
         r["verdict"] = _aggregate(r)
+        r["swap_sha256"] = {
+            str(k): str(v)
+            for d in details
+            if isinstance(d.get("swap_sha256"), Mapping)
+            for k, v in d["swap_sha256"].items()
+        }
         out.append(r)
     return out
 
@@ -299,7 +330,14 @@ def _lifetimes(
             "message": obs.get("message") or "",
             "duration_s": obs.get("duration_s"),
             "detail": detail,
-            "log_tail": (detail or {}).get("log_tail") or "",
+            "log_tail": quiet_log((detail or {}).get("log_tail") or ""),
+            "coresidency": _max([(detail or {}).get("max_coresidency")]),
+            "target": (detail or {}).get("target_coresidency"),
+            "distinct_outputs": (detail or {}).get("distinct_outputs"),
+            "repeats": (detail or {}).get("repeats"),
+            "max_abs_delta": _delta(detail or {}),
+            "first_divergent_position": (detail or {}).get("first_divergent_position"),
+            "moved": _moved(detail or {}),
         })
     return out
 
@@ -403,3 +441,283 @@ def _command(command: Any) -> str | None:
 
 # ---------------------------------------------------------------------------------------------
 # Markdown
+
+
+def is_vllm_remote(url: str) -> bool:
+    """Whether a clone's remote URL is the vLLM repository on GitHub."""
+    return bool(_VLLM_REMOTE.match(url.strip()))
+
+
+def quiet_log(text: str) -> str:
+    """A log tail without HTTP access-log lines (the engine's config lines and errors stay)."""
+    return "\n".join(line for line in text.splitlines() if not _ACCESS_LOG.search(line))
+
+
+def _moved(detail: Mapping[str, Any]) -> str | None:
+    if "tokens_moved" not in detail:
+        return None
+    if not detail.get("distinct_outputs") or detail.get("distinct_outputs") == 1:
+        return "nothing"
+    return "tokens" if detail.get("tokens_moved") else "logprobs only"
+
+
+def _range_facts(
+    header: Mapping[str, Any],
+    commits: Sequence[Mapping[str, Any]],
+    good_end: int,
+    bad_end: int,
+    direction: str,
+    repo_url: str,
+    recipe: Mapping[str, Any],
+) -> dict[str, Any]:
+    good_ref, bad_ref = _ref(header, "good"), _ref(header, "bad")
+    last = len(commits) - 1
+    old_ref, new_ref = (bad_ref, good_ref) if direction == "fix" else (good_ref, bad_ref)
+    package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
+    compare_url = None
+    if repo_url:
+        compare_url = f"{repo_url}/compare/{commits[0]['sha']}...{commits[last]['sha']}"
+    elif (
+        package == "vllm"
+        and old_ref
+        and new_ref
+        and _RELEASE_TAG.match(old_ref)
+        and _RELEASE_TAG.match(new_ref)
+    ):
+        # Release tags name the same commits in vLLM's own repository whatever clone ran this.
+        compare_url = f"{VLLM_URL}/compare/{old_ref}...{new_ref}"
+    level = str(header.get("level") or "commit")
+    return {
+        "good_ref": good_ref,
+        "good_sha": _sha(header, "good") or commits[good_end]["sha"],
+        "bad_ref": bad_ref,
+        "bad_sha": _sha(header, "bad") or commits[bad_end]["sha"],
+        "direction": direction,
+        "level": level,
+        "candidates": len(commits),
+        "paths": list(header.get("paths") or []),
+        "old_end": commits[0]["sha"],
+        "new_end": commits[last]["sha"],
+        "good_end_index": good_end,
+        "bad_end_index": bad_end,
+        "compare_url": compare_url,
+        "remote_url": str(header.get("remote_url") or ""),
+    }
+
+
+def _name(c: Mapping[str, Any]) -> str:
+    """A commit as a maintainer names it: its release tag, else its short SHA."""
+    tags = [t for t in c.get("tags") or [] if _RELEASE_TAG.match(str(t))]
+    return str(tags[0]) if tags else str(c.get("short") or "?")
+
+
+def _headline(
+    answer: Mapping[str, Any],
+    rng: Mapping[str, Any],
+    commits: Sequence[Mapping[str, Any]],
+    recipe: Mapping[str, Any],
+    environment: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The answer in words: what was searched and what was found, for the first lines."""
+    block = answer["flip_block"]
+    fixed = answer["direction"] == "fix"
+    searched = (
+        f"{rng['bad_ref'] or rng['bad_sha'][:SHORT]} (bad) .. "
+        f"{rng['good_ref'] or rng['good_sha'][:SHORT]} (good), {rng['level']} level, "
+        f"{rng['candidates']} candidates"
+        + (f" touching {', '.join(rng['paths'])}" if rng["paths"] else "")
+    )
+    words = None
+    if answer["state"] == "done" and len(block) == 1:
+        flip = block[0]
+        verb = "fixed in" if fixed else "broken by"
+        words = f"{verb} {_name(flip)}"
+        swap = [str(x) for x in (recipe.get("artifacts") or {}).get("swap_set") or []]
+        package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
+        pinned = (environment.get("pinned_version") or environment.get(f"versions.{package}")
+                  or environment.get(package))
+        if swap:
+            files = ", ".join(f"`{Path(x).name}`" for x in swap)
+            other = commits[rng["bad_end_index"]] if fixed else commits[rng["good_end_index"]]
+            python_side = str(pinned) if pinned else _name(other)
+            words += (
+                f", in the compiled extension: {_name(flip)}'s {files} under "
+                f"{python_side}'s Python"
+            )
+    elif answer["state"] == "done" and block:
+        words = f"{'fixed' if fixed else 'broken'} by one of {len(block)} commits"
+    return {"searched": searched, "words": words}
+
+
+def _rests_on(
+    tested: Sequence[Mapping[str, Any]],
+    good_end: int,
+    bad_end: int,
+    controls: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    by_index = {int(r["index"]): r for r in tested}
+
+    def counts(i: int) -> dict[str, int]:
+        r = by_index.get(i) or {}
+        return {"lifetimes": int(r.get("lifetimes", 0)), "divergent": int(r.get("divergent", 0))}
+
+    others = [r for r in tested if r["index"] not in (good_end, bad_end)]
+    held = "not run" if controls is None else "held" if controls.get("ok") else "failed"
+    return {
+        "bad_end": counts(bad_end),
+        "good_end": counts(good_end),
+        "other_lifetimes": sum(int(r["lifetimes"]) for r in others),
+        "other_candidates": len(others),
+        "controls": held,
+    }
+
+
+def _prs(
+    commits: Sequence[Mapping[str, Any]], rng: Mapping[str, Any], repo_url: str
+) -> dict[str, Any]:
+    """The PRs merged in the range (from ``(#NNNNN)`` in subjects), as cargo-bisect-rustc lists
+    them. With the range's path filter they are the ones touching the compiled sources."""
+    ends = {rng["good_end_index"], rng["bad_end_index"]}
+    found = [
+        {"pr": c["pr"], "subject": c["subject"], "short": c["short"],
+         "url": f"{VLLM_URL}/pull/{c['pr']}" if c["pr"] is not None else None}
+        for c in commits
+        if c["pr"] is not None and (c["index"] not in ends or c["index"] == max(ends))
+    ]
+    return {
+        "filtered_by_paths": bool(rng["paths"]),
+        "items": found[:PRS_SHOWN],
+        "more": max(0, len(found) - PRS_SHOWN),
+    }
+
+
+def _environment_block(
+    environment: Mapping[str, Any],
+    recipe: Mapping[str, Any],
+    tested: Sequence[Mapping[str, Any]],
+) -> list[tuple[str, str]]:
+    """(what, value) rows of the environment block, in the order a maintainer reads them."""
+    rows: list[tuple[str, str]] = []
+    gpu = environment.get("gpu")
+    if gpu:
+        cc = environment.get("compute_capability")
+        rows.append(("GPU", f"{gpu}" + (f" (compute capability {cc})" if cc else "")))
+    for key, label in (("driver", "Driver"), ("cuda", "CUDA"), ("torch", "PyTorch"),
+                       ("triton", "Triton"), ("python", "Python")):
+        if environment.get(key):
+            rows.append((label, str(environment[key])))
+    package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
+    if environment.get("pinned_version"):
+        rows.append((f"Pinned {package} (Python side)", str(environment["pinned_version"])))
+    runtime = recipe.get("runtime") or {}
+    backend = environment.get("backend") or runtime.get("backend")
+    if backend:
+        rows.append(("Backend", str(backend) + (f", image {environment['image']}"
+                                                if environment.get("image") else "")))
+    weights = str(runtime.get("weights") or "")
+    if weights.startswith("random"):
+        rows.append(("Weights", f"random weights at the config's initializer scale "
+                                f"({runtime.get('model') or weights})"))
+    elif runtime.get("model"):
+        rows.append(("Weights", str(runtime.get("model"))))
+    for r in tested:
+        for rel, digest in sorted((r.get("swap_sha256") or {}).items()):
+            rows.append((f"{Path(rel).name} of {r['short']}", f"sha256 {digest}"))
+    return rows
+
+
+def _symptom(
+    recipe: Mapping[str, Any], tested: Sequence[Mapping[str, Any]], bad_end: int
+) -> dict[str, Any] | None:
+    reported = str((recipe.get("probe") or {}).get("reported_symptom") or "")
+    if not reported:
+        return None
+    bad = next((r for r in tested if r["index"] == bad_end), None)
+    seen = None
+    if bad and bad["lifetimes"]:
+        cores = bad.get("max_coresidency")
+        seen = (
+            f"{bad['divergent']} of {bad['lifetimes']} lifetimes of the bad end divergent"
+            + (f", up to {bad['distinct_outputs']} distinct outputs in {bad['repeats']} repeats"
+               if bad.get("distinct_outputs") and bad.get("repeats") else "")
+            + (f", at co-residency {cores}" if cores is not None else "")
+        )
+    return {"reported": reported, "seen": seen}
+
+
+def _rates(
+    answer: Mapping[str, Any],
+    tested: Sequence[Mapping[str, Any]],
+    bad_end: int,
+    good_end: int,
+) -> dict[str, bool]:
+    """Which rate estimates have data behind them (else the report says "prior")."""
+    flip: int | None = int(answer["flip_block"][0]["index"]) if answer["flip_block"] else None
+    fix = answer["direction"] == "fix"
+
+    def bad_side(i: int) -> bool:
+        if flip is None or flip < 0:
+            return i == bad_end
+        return bool(i < flip) if fix else bool(i >= flip)
+
+    conclusive = [r for r in tested if r["divergent"] or r["clean"]]
+    return {
+        "p_has_data": any(bad_side(int(r["index"])) for r in conclusive),
+        "q_has_data": any(not bad_side(int(r["index"])) for r in conclusive),
+    }
+
+
+def _recipe_changes(
+    recipe: Mapping[str, Any], bundled: Mapping[str, Any] | None
+) -> list[tuple[str, str]]:
+    """``[section] key = value`` lines where this run's recipe differs from the bundled one."""
+    out: list[tuple[str, str]] = []
+    if not bundled:
+        return out
+    for section in ("range", "artifacts", "runtime", "probe", "search"):
+        mine = recipe.get(section) or {}
+        theirs = bundled.get(section) or {}
+        if not isinstance(mine, Mapping) or not isinstance(theirs, Mapping):
+            continue
+        for key in sorted(mine):
+            # through JSON: the journal keeps lists where the recipe keeps tuples
+            if _json.dumps(mine[key], sort_keys=True) != _json.dumps(
+                theirs.get(key), sort_keys=True, default=list
+            ):
+                out.append((section, f"{key} = {_toml_value(mine[key])}"))
+    return out
+
+
+def _toml_value(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + inner + " }" if inner else "{}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _lifetime_commands(recipe: Mapping[str, Any]) -> dict[str, str] | None:
+    """One lifetime by hand: the server command and the probe client, on loopback."""
+    runtime = recipe.get("runtime") or {}
+    probe = recipe.get("probe") or {}
+    module = str(runtime.get("server_module") or "")
+    if probe.get("kind", "server") != "server" or not module:
+        return None
+    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (runtime.get("env") or {}).items())
+    model = str(runtime.get("model") or "MODEL")
+    args = [str(a) for a in runtime.get("server_args") or []]
+    if module == "vllm.entrypoints.openai.api_server":
+        server = shlex.join(["vllm", "serve", model, *args, "--host", "127.0.0.1", "--port",
+                             "8000"])
+    else:
+        server = shlex.join(["python", "-m", module, "--model", model, *args, "--host",
+                             "127.0.0.1", "--port", "8000"])
+    name = str(recipe.get("name") or "batch-invariance")
+    client = shlex.join(["bisect", "probe", "--server", "http://127.0.0.1:8000", "--recipe",
+                         name])
+    return {"server": (env + " " if env else "") + server, "client": client}

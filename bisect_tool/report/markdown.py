@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,28 +63,43 @@ def _estimates(a: Mapping[str, Any]) -> str:
             f"{size} commit{'s' if size != 1 else ''}{p}")
 
 
-def _answer_lines(report: Mapping[str, Any]) -> list[str]:
+def _pct_bound(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "< 0.1%" if x < 0.001 else _pct(x)
+
+
+def _commit_ref(c: Mapping[str, Any]) -> str:
+    """A commit: linked only where the link exists (a commit of the vLLM remote)."""
+    short = _code(c["short"])
+    return f"[{short}]({c['commit_url']})" if c.get("commit_url") else short
+
+
+def _answer_line(report: Mapping[str, Any]) -> list[str]:
     a = report["answer"]
     label = "First good commit" if a["direction"] == "fix" else "First bad commit"
-    kind = f"**{label}** ({a['direction']})"
     block = a["flip_block"]
-    state = a["state"]
-    done_line: list[str]
+    conf = _pct(a["confidence"])
+    claim = (f"**{conf}** that this is the {label.lower()} and both ends behave as given")
     if len(block) == 1:
-        done_line = [f"{kind}: {_link(block[0])} — {_estimates(a)}"]
-    elif block:
-        # As `git bisect` says when skipped commits surround the flip.
-        done_line = [f"{kind} could be any of these {len(block)} commits (the ones between "
-                     f"could not be tested) — {_estimates(a)}:", ""]
-        done_line += [f"- {_link(c)}" for c in block]
-    else:
-        done_line = [f"{kind}: none found — {_estimates(a)}"]
-    credible = _shas(a["credible_set"]) or "empty"
+        c = block[0]
+        pr = f" ([#{c['pr']}]({c['pr_url']}))" if c.get("pr_url") else (
+            f" (#{c['pr']})" if c.get("pr") else "")
+        return [f"**{label}**: {_commit_ref(c)} {_esc(c.get('subject') or '')}{pr} — {claim}"]
+    if block:
+        lines = [f"**{label}** could be any of these {len(block)} commits (the ones between "
+                 f"could not be tested) — **{conf}**:", ""]
+        return lines + [f"- {_commit_ref(c)} {_esc(c.get('subject') or '')}" for c in block]
+    return [f"**{label}**: none found"]
+
+
+def _state_lines(report: Mapping[str, Any]) -> list[str]:
+    """For a search that ended without an answer: what happened, first."""
+    a = report["answer"]
+    state = a["state"]
     end_message = a.get("end_message")
-    reason = f" ({_esc(end_message)})" if end_message else ""
-    controls = report.get("controls") or {}
-    if state == "done":
-        return done_line
+    reason = f": {_esc(end_message)}" if end_message else ""
+    credible = ", ".join(_commit_ref(c) for c in a["credible_set"][:_CREDIBLE_SHOWN]) or "empty"
     if state == "bad_end_never_reproduced":
         rng = report["range"]
         ref = f"{_code(rng['bad_ref'])} " if rng.get("bad_ref") else ""
@@ -94,70 +107,93 @@ def _answer_lines(report: Mapping[str, Any]) -> list[str]:
                 f"never showed the bug in {a['bad_end_lifetimes']} lifetimes{reason}. Check "
                 "the recipe reproduces it there (controls, co-residency, jitter) before "
                 "bisecting."]
+    if state == "ends_contradict":
+        return [f"**An end is not what it was said to be**{reason}. No commit is named."]
     if state == "controls_failed":
-        problem = controls.get("problem") or "the positive or negative control did not hold"
+        problem = (report.get("controls") or {}).get("problem") or "a control did not hold"
         return [f"**Controls failed**: {_esc(problem)}. CLEAN results are not trusted, so "
                 "no commit is named."]
-    if state == "budget_exhausted":
-        head = (f"**Inconclusive: budget exhausted** after {a['evaluations']} lifetimes{reason}; "
-                f"the 90% credible set is {credible}. Best guess so far:")
-    elif state == "no_candidate_left":
-        head = (f"**Inconclusive: no testable candidate left**{reason}; the 90% credible set "
-                f"is {credible}. Best guess so far:")
-    elif state == "aborted":
-        head = (f"**Aborted** after {a['evaluations']} lifetimes{reason}; the 90% credible set "
-                f"is {credible}. Best guess so far:")
-    elif state == "running":
-        head = (f"**Still running** ({a['evaluations']} lifetimes so far); the 90% credible set "
-                f"is {credible}. Best guess so far:")
+    if state == "end_untestable":
+        return [f"**An end is untestable**{reason}."]
+    words = {"budget_exhausted": "Inconclusive: budget exhausted",
+             "no_candidate_left": "Inconclusive: no testable candidate left",
+             "running": "Still running"}.get(state, f"Stopped ({_esc(state)})")
+    return [f"**{words}** after {a['evaluations']} lifetimes{reason}; the 90% credible set is "
+            f"{credible}. Best guess so far:", "", *_answer_line(report)]
+
+
+def _rests_on_line(report: Mapping[str, Any]) -> str:
+    r = report["rests_on"]
+    a = report["answer"]
+    controls = report.get("controls")
+
+    def side(name: str) -> str:
+        n, d = r[name]["lifetimes"], r[name]["divergent"]
+        what = name.replace("_", " ")
+        return f"{n} lifetime{'s' if n != 1 else ''} of the {what} ({d} divergent)"
+
+    if controls is None:
+        held = "controls not run (a CLEAN lifetime is unverified evidence)"
     else:
-        head = f"**State: {_esc(state)}**{reason}. Best guess so far:"
-    return [head, "", *done_line]
+        held = (f"controls {r['controls']} (positive {controls['positive']['verdict']}, "
+                f"negative {controls['negative']['verdict']})")
+    others = (f"{r['other_lifetimes']} on {r['other_candidates']} other candidate"
+              f"{'s' if r['other_candidates'] != 1 else ''}")
+    return (f"- Rests on: {side('bad_end')}, {side('good_end')}, {others}; {held}; "
+            f"P(the flip lies beyond the good end) {_pct_bound(a.get('good_end_doubt'))}, "
+            f"P(the bad end does not show the bug) {_pct_bound(a.get('bad_end_doubt'))}")
 
 
-def _env_line(report: Mapping[str, Any]) -> str:
-    env = report.get("environment") or {}
-    if not env:
-        return "- Environment: not recorded"
-    return "- Environment: " + "; ".join(f"{_esc(k)} {_code(v)}" for k, v in env.items())
+def _rate(name: str, median: Any, interval: Sequence[Any], has_data: bool) -> str:
+    if not has_data or median is None:
+        return f"{name} = prior (no lifetimes behind it yet)"
+    return f"{name} = {_f2(median)} [{_f2(interval[0])}, {_f2(interval[1])}]"
 
 
-def _recipe_line(report: Mapping[str, Any]) -> str:
-    r = report.get("recipe") or {}
-    parts = [f"recipe {_code(r.get('name') or '?')}"]
-    if r.get("model"):
-        parts.append(f"model {_code(r['model'])}"
-                     + (f" (weights {_code(r['weights'])})" if r.get("weights") else ""))
-    if r.get("image"):
-        parts.append(f"image {_code(r['image'])}")
-    if r.get("env"):
-        parts.append("env " + " ".join(_code(f"{k}={v}") for k, v in r["env"].items()))
-    if r.get("server_args"):
-        parts.append(f"server args {_code(shlex.join(r['server_args']))}")
-    if r.get("swap_set"):
-        parts.append("swap set " + ", ".join(_code(s) for s in r["swap_set"]))
-    probe = dict(r.get("probe") or {})
-    kind = probe.pop("kind", "?")
-    if probe:
-        parts.append(f"probe {_code(kind)}: " + ", ".join(
-            f"{k.replace('_', ' ')} {_code(json.dumps(v) if isinstance(v, list) else v)}"
-            for k, v in probe.items()))
-    return "- Recipe: " + "; ".join(parts)
+def _rates_line(report: Mapping[str, Any]) -> str:
+    a, rates = report["answer"], report["rates"]
+    return ("- Rates (median [90% interval]): the bug shows in a bad-side lifetime with "
+            + _rate("p", a["p_median"], a["p_interval"], rates["p_has_data"])
+            + "; false alarms on the good side "
+            + _rate("q", a["q_median"], a["q_interval"], rates["q_has_data"]))
 
 
-def _range_line(report: Mapping[str, Any]) -> str:
+def _searched_line(report: Mapping[str, Any]) -> str:
     rng = report["range"]
-    url = report["repo_url"]
+    compare = f" ([compare]({rng['compare_url']}))" if rng.get("compare_url") else ""
+    return f"- Searched: {_esc(report['headline']['searched'])}{compare}"
 
-    def end(ref: Any, sha: str, label: str) -> str:
-        sha_link = f"[{_code(sha[:SHORT])}]({url}/commit/{sha})"
-        return f"{label} {_code(ref)} ({sha_link})" if ref else f"{label} {sha_link}"
 
-    goal = "first good commit" if rng["direction"] == "fix" else "first bad commit"
-    return (f"- Range: {end(rng.get('good_ref'), rng['good_sha'], 'good')}, "
-            f"{end(rng.get('bad_ref'), rng['bad_sha'], 'bad')}; {rng['direction']} (looking "
-            f"for the {goal}); {rng['candidates']} candidates, ends included "
-            f"([compare]({rng['compare_url']}))")
+def _symptom_line(report: Mapping[str, Any]) -> list[str]:
+    sym = report.get("symptom")
+    if not sym:
+        return []
+    seen = _esc(sym["seen"]) if sym.get("seen") else "not reproduced here"
+    return [f"- Symptom: reported {_esc(sym['reported'])}; seen here: {seen}"]
+
+
+def _prs_lines(report: Mapping[str, Any]) -> list[str]:
+    prs = report["prs"]
+    if not prs["items"]:
+        return []
+    what = ("Pull requests in the range that touch the compiled sources "
+            f"({', '.join(_code(p) for p in report['range']['paths'])})"
+            if prs["filtered_by_paths"] else "Pull requests in the range")
+    lines = ["### Changes in the range", "", f"{what}:", ""]
+    for item in prs["items"]:
+        number = f"[#{item['pr']}]({item['url']})" if item.get("url") else f"#{item['pr']}"
+        lines.append(f"- {number} {_esc(item['subject'])} ({_code(item['short'])})")
+    if prs["more"]:
+        lines.append(f"- and {prs['more']} more")
+    return [*lines, ""]
+
+
+def _environment_lines(report: Mapping[str, Any]) -> list[str]:
+    rows = report.get("environment_block") or []
+    if not rows:
+        return ["### Environment", "", "Not recorded.", ""]
+    return ["### Environment", "", "| What | Value |", "|---|---|",
+            *(f"| {_esc(k)} | {_esc(v)} |" for k, v in rows), ""]
 
 
 def _controls_lines(report: Mapping[str, Any]) -> list[str]:
@@ -187,27 +223,61 @@ def _delta_cell(value: float | None) -> str:
     return "0" if value == 0 else f"{value:.3e}"
 
 
-def _table(report: Mapping[str, Any]) -> list[str]:
-    delta_name = "Max abs diff" if report.get("probe_kind") == "op" else "Max abs Δ logprob"
-    head = ["#", "Commit", "PR", "Lifetimes", "Divergent", "Distinct outputs", delta_name,
-            "Co-residency", "Verdict"]
+def _evidence_table(report: Mapping[str, Any]) -> list[str]:
+    """Every lifetime, one row; the candidate's verdict on its first row."""
+    op = report.get("probe_kind") == "op"
+    delta = "Max abs diff between launch sizes" if op else "Max \\|Δ logprob\\| across repeats"
+    head = ["Candidate", "Lifetime", "Verdict", "Co-residency reached / target",
+            "Distinct outputs / repeats", delta, "First divergent token", "What moved"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in report["tested"]:
-        pos = str(r["index"]) + (f" ({r['role']})" if r["role"] else "")
-        distinct = "-" if r["distinct_outputs"] is None else (
-            f"{r['distinct_outputs']}/{r['repeats']}" if r["repeats"]
-            else str(r["distinct_outputs"]))
-        cores = "-"
-        if r["max_coresidency"] is not None:
-            low = r.get("min_coresidency")
-            cores = (f"{low}–{r['max_coresidency']}" if low is not None
-                     and low != r["max_coresidency"] else str(r["max_coresidency"]))
-            if r["target_coresidency"]:
-                cores += f"/{r['target_coresidency']}"
-        cells = [pos, f"[{_code(r['short'])}]({r['commit_url']})", _pr_cell(r),
-                 str(r["lifetimes"]), str(r["divergent"]), distinct,
-                 _delta_cell(r["max_abs_delta"]), cores, f"**{r['verdict']}**"]
+    tested = {r["index"]: r for r in report["tested"]}
+    seen: set[int] = set()
+    for lt in report["lifetimes"]:
+        r = tested.get(lt["index"])
+        if r is None:
+            continue
+        cand = "″"
+        if lt["index"] not in seen:
+            seen.add(lt["index"])
+            role = f"{r['role']}, " if r["role"] else ""
+            cand = f"{_commit_ref(r)} ({role}{r['verdict']})"
+        cores = "-" if lt["coresidency"] is None else (
+            f"{lt['coresidency']} / {lt['target']}" if lt.get("target") else str(lt["coresidency"]))
+        distinct = "-" if lt["distinct_outputs"] is None else (
+            f"{lt['distinct_outputs']} / {lt['repeats']}" if lt.get("repeats")
+            else str(lt["distinct_outputs"]))
+        first = lt.get("first_divergent_position")
+        cells = [cand, _code(lt["lifetime_id"] or "?"), f"**{lt['verdict']}**", cores, distinct,
+                 _delta_cell(lt["max_abs_delta"]), "-" if first is None else str(first),
+                 lt.get("moved") or "-"]
         lines.append("| " + " | ".join(cells) + " |")
+    for u in report["untestable"]:
+        lines.append(f"| {_code(u['short'])} | - | **UNTESTABLE** | - | - | - | - | - |")
+    return lines
+
+
+def _untestable_lines(report: Mapping[str, Any]) -> list[str]:
+    return [f"- {_code(u['short'])} untestable: {_esc(u['message'] or 'no reason recorded')}"
+            for u in report["untestable"]]
+
+
+def _reproduce_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = ["### Reproduce", ""]
+    if report.get("reproduce"):
+        lines += ["The bisect:", "", _fence(report["reproduce"], "sh"), ""]
+    changes = report.get("reproduce_recipe") or []
+    name = (report.get("recipe") or {}).get("name") or "?"
+    if changes:
+        by_section: dict[str, list[str]] = {}
+        for section, line in changes:
+            by_section.setdefault(section, []).append(line)
+        toml = "\n\n".join(f"[{sec}]\n" + "\n".join(ls) for sec, ls in by_section.items())
+        lines += [f"with these values changed from the bundled recipe {_code(name)} "
+                  "(`--recipe FILE` with them):", "", _fence(toml, "toml"), ""]
+    one = report.get("reproduce_lifetime")
+    if one:
+        lines += ["One lifetime by hand (boot the server, then run the probe against it):", "",
+                  _fence(f"{one['server']}\n{one['client']}", "sh"), ""]
     return lines
 
 
@@ -261,34 +331,39 @@ def _candidate_details(report: Mapping[str, Any]) -> list[str]:
 
 
 def render_markdown(report: Mapping[str, Any], *, plot: Path | str | None = None) -> str:
-    """The report for an issue: the answer, the setup, the table; the rest in ``<details>``.
+    """The report for an issue: the answer in words and what it rests on, the changes in the
+    range, the environment, the evidence, how to reproduce; the long parts in ``<details>``.
 
     ``plot`` (or ``report["plot"]``): a PNG written by :func:`plot_posterior`; without one the
-    text plot is shown instead.
+    text plot is shown, and neither below ``PLOT_MIN_CANDIDATES`` candidates.
     """
-    plot = plot if plot is not None else report.get("plot")
-    lines: list[str] = ["## Bisect result", "", *_answer_lines(report), ""]
     a = report["answer"]
-    if a["state"] not in ("bad_end_never_reproduced", "controls_failed") and (
-        a.get("q_median") is not None
-    ):
-        lines += [f"{a['evaluations']} lifetimes on {a['candidates_tested']} candidates; "
-                  f"false-alarm rate q = {_f2(a['q_median'])} [{_f2(a['q_interval'][0])}, "
-                  f"{_f2(a['q_interval'][1])}].", ""]
-    version = report.get("tool_version")
-    lines += ["### Setup", "", _range_line(report), _env_line(report), _recipe_line(report),
-              f"- Tool: bisect {_code(version or 'unknown')}", "", "### Controls", "",
-              *_controls_lines(report), "", "### Tested candidates", ""]
-    if report["tested"]:
-        lines += _table(report)
+    words = report["headline"].get("words")
+    title = f"## Bisect result: {words}" if words else "## Bisect result"
+    lines: list[str] = [title, ""]
+    lines += _answer_line(report) if a["state"] == "done" else _state_lines(report)
+    lines += ["", _searched_line(report)]
+    if a["state"] not in ("controls_failed",):
+        lines += [_rests_on_line(report), _rates_line(report)]
+    lines += [*_symptom_line(report), ""]
+    lines += _prs_lines(report)
+    lines += _environment_lines(report)
+    lines += ["### Evidence", ""]
+    if report["lifetimes"] or report["untestable"]:
+        lines += _evidence_table(report)
     else:
-        lines.append("No candidate was tested.")
-    lines += ["", "### Details", "", *_candidate_details(report)]
-    if report.get("reproduce"):
-        lines += _details("Command to reproduce", [_fence(report["reproduce"], "sh")])
-    if plot:
-        posterior = [f"![posterior over the range]({Path(plot).as_posix()})"]
-    else:
-        posterior = [_fence(text_plot(report), "text")]
-    lines += _details("Posterior over the range", posterior)
+        lines.append("No lifetime ran.")
+    lines += ["", "### Controls", "", *_controls_lines(report), ""]
+    lines += _reproduce_lines(report)
+    lines += _details("Every lifetime in detail (tables and log tails)",
+                      _candidate_details(report))
+    if report.get("show_plot"):
+        plot = plot if plot is not None else report.get("plot")
+        if plot:
+            posterior = [f"![posterior over the range]({Path(plot).as_posix()})"]
+        else:
+            posterior = [_fence(text_plot(report), "text")]
+        lines += _details("Posterior over the range", posterior)
+    lines.append(f"<sub>bisect {_esc(report.get('tool_version') or 'unknown')}, session "
+                 f"{_esc(report.get('session') or '?')}</sub>")
     return "\n".join(lines).rstrip() + "\n"

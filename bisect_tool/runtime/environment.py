@@ -24,6 +24,13 @@ try:
     facts["cuda"] = torch.version.cuda or ""
     if torch.cuda.is_available():
         facts["gpu"] = torch.cuda.get_device_name(0)
+        major, minor = torch.cuda.get_device_capability(0)
+        facts["compute_capability"] = f"{major}.{minor}"
+except Exception:
+    pass
+try:
+    import triton
+    facts["triton"] = triton.__version__
 except Exception:
     pass
 print(json.dumps(facts))
