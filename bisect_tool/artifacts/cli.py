@@ -86,7 +86,7 @@ def artifacts_group() -> None:
 cache_option = click.option(
     "--cache-dir",
     default=None,
-    help="Cache folder (default: $BISECT_CACHE_DIR or ~/.cache/bisect).",
+    help="Cache folder (default: $BISECT_CACHE_DIR, else the user cache dir: ~/.cache/bisect).",
 )
 recipe_option = click.option(
     "--recipe", default=None, help=f"Recipe name or path (default: {DEFAULT_RECIPE})."
