@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import RangeError, UsageError
 from bisect_tool.recipe import ArtifactSettings
 
@@ -89,7 +90,8 @@ cache_option = click.option(
     help="Cache folder (default: $BISECT_CACHE_DIR, else the user cache dir: ~/.cache/bisect).",
 )
 recipe_option = click.option(
-    "--recipe", default=None, help=f"Recipe name or path (default: {DEFAULT_RECIPE})."
+    "--recipe", default=None, help=f"Recipe name or path (default: {DEFAULT_RECIPE}).",
+    shell_complete=complete_recipe,
 )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import RecipeError, UsageError
 from bisect_tool.interfaces import ProbeResult, ServerHandle
 from bisect_tool.recipe import BUNDLED_DIR, ProbeSettings, load
@@ -72,7 +73,8 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Environment for the --extension child, e.g. VLLM_BATCH_INVARIANT=1.")
 @click.option("--commit", default=None, metavar="REF",
               help="Build/fetch this commit's artifacts as the recipe says and probe lifetimes.")
-@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, help="Recipe name or path.")
+@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, help="Recipe name or path.",
+              shell_complete=complete_recipe)
 @click.option("--repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="With --commit: the target repository (your vLLM clone).")
 @click.option("--lifetimes", type=click.IntRange(min=0), default=1, show_default=True,
