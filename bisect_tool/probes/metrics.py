@@ -20,8 +20,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 RUNNING = "vllm:num_requests_running"
 STEP_TOKENS = "vllm:iteration_tokens_total"
 
@@ -145,6 +143,10 @@ def parse(text: str, only: str | None = None) -> Scrape:
     buckets: dict[str, dict[float, float]] = {}
     counts: dict[str, float] = {}
     sums: dict[str, float] = {}
+    # Imported here: render.py (and so the op probe, run alone on a GPU machine) imports this
+    # module for StepBucket only. Every vLLM install has prometheus_client (vLLM needs it).
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, IndexError, KeyError) as exc:  # the parser's errors for a bad line
