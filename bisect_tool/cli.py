@@ -13,6 +13,7 @@ from bisect_tool import __version__
 from bisect_tool import journal as journal_mod
 from bisect_tool import recipe as recipe_mod
 from bisect_tool.artifacts.cli import artifacts_group
+from bisect_tool.completion import complete_recipe
 from bisect_tool.demo.cli import demo_command
 from bisect_tool.errors import (
     BisectError,
@@ -76,7 +77,10 @@ state_option = click.option(
 @cli.command()
 @click.option("--good", required=True, help="A commit with the good behaviour (tag, branch, SHA).")
 @click.option("--bad", required=True, help="A commit with the bad behaviour.")
-@click.option("--recipe", "recipe_name", default=None, help="Bundled recipe name or TOML path.")
+@click.option(
+    "--recipe", "recipe_name", default=None, help="Bundled recipe name or TOML path.",
+    shell_complete=complete_recipe,
+)
 @click.option("--run", "run_command", default=None, help="Generic probe, like `git bisect run`.")
 @click.option("--run-timeout", type=float, default=0.0, help="Seconds before --run aborts.")
 @click.option("--path", "paths", multiple=True, help="Only commits touching these paths.")

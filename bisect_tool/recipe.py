@@ -45,7 +45,7 @@ class ArtifactSettings:
     build_timeout_s: int = 4 * 3600
     arch_list: str = "9.0"
     max_jobs: int = 2
-    cache_dir: str = ""  # default: $XDG_CACHE_HOME/bisect
+    cache_dir: str = ""  # default: $BISECT_CACHE_DIR, else the user cache dir (platformdirs)
     cache_max_bytes: int = 20 * 1024**3
 
 

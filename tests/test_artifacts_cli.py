@@ -11,7 +11,7 @@ from pathlib import Path
 import git
 import pytest
 
-from bisect_tool.artifacts.cache import ArtifactCache
+from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
 from bisect_tool.artifacts.testing import WheelServer, make_wheel
 from bisect_tool.cli import main
 
@@ -175,3 +175,34 @@ def test_fetch_resolves_a_tag_and_uses_the_recipe(tmp_path, capsys, monkeypatch)
             capsys, "artifacts", "fetch", "v0.26", "--recipe", str(recipe), "--repo", str(repo_path)
         )
         assert code == 3 and "did you mean v0.26.0?" in err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG dirs are Linux's")
+def test_cache_dir_precedence_flag_then_env_then_user_cache_dir(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("BISECT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert run(capsys, "artifacts", "ls")[2].endswith(f"in {tmp_path / 'xdg' / 'bisect'}\n")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    home_cache = tmp_path / "home" / ".cache" / "bisect"
+    assert run(capsys, "artifacts", "ls")[2].endswith(f"in {home_cache}\n")
+    monkeypatch.setenv("BISECT_CACHE_DIR", str(tmp_path / "env"))
+    assert run(capsys, "artifacts", "ls")[2].endswith(f"in {tmp_path / 'env'}\n")
+    flag = tmp_path / "flag"
+    assert run(capsys, "artifacts", "ls", "--cache-dir", str(flag))[2].endswith(f"in {flag}\n")
+    # The recipe's [artifacts] cache_dir is the same first place (the provider passes it).
+    assert default_cache_dir(str(tmp_path / "recipe")) == tmp_path / "recipe"
+
+
+def test_cache_dir_without_platformdirs_is_the_home_cache(tmp_path):
+    # The GPU machine may get only the stdlib and click/httpx (see bisect_tool/artifacts).
+    code = (
+        "import sys; sys.modules['platformdirs'] = None; "
+        "from bisect_tool.artifacts.cache import default_cache_dir; print(default_cache_dir())"
+    )
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / ".cache" / "bisect")

@@ -14,7 +14,12 @@ import pytest
 from bisect_tool.artifacts import make_provider
 from bisect_tool.artifacts.download import RetryPolicy
 from bisect_tool.artifacts.provider import CachingProvider
-from bisect_tool.artifacts.sources import LEGACY_WHEEL, pip_index_url
+from bisect_tool.artifacts.sources import (
+    LEGACY_WHEEL,
+    _wheel_rank,
+    pip_index_url,
+    release_version,
+)
 from bisect_tool.artifacts.testing import Fault, WheelServer, make_wheel
 from bisect_tool.errors import ArtifactUnavailable
 from bisect_tool.recipe import ArtifactSettings
@@ -171,6 +176,57 @@ def test_release_wheel_from_simple_index(server, tmp_path, sleeps, monkeypatch, 
             p.get(OTHER, tags=("nightly",))
         swap = p.get(COMMIT, tags=("v0.26.0",))
     assert swap.source == "release" and swap.files[MEMBER].read_bytes() == so_bytes("rel")
+
+
+def test_release_picks_the_wheel_the_pinned_stack_loads_by_pep440_version(
+    server, tmp_path, sleeps, monkeypatch
+):
+    good = wheel_bytes(tmp_path, "final")
+    # Each of these would fail to extract (not a zip): picking one shows as an error.
+    server.add_release("vllm", "vllm-0.26.0-cp311-cp311-manylinux1_x86_64.whl", b"py3.11")
+    server.add_release("vllm", "vllm-0.26.0-cp38-abi3-manylinux_2_39_x86_64.whl", b"new glibc")
+    server.add_release("vllm", "vllm-0.26.0-cp38-abi3-manylinux2014_aarch64.whl", b"arm")
+    server.add_release("vllm", "vllm-0.26.0rc1-cp38-abi3-manylinux1_x86_64.whl", b"rc1")
+    server.add_release("vllm", "vllm_other-0.26.0-cp38-abi3-manylinux1_x86_64.whl", b"other")
+    server.add_release("vllm", "vllm-0.26.0.tar.gz", b"sdist")
+    server.add_release("vllm", "vllm-0.26.0-cp38-abi3-manylinux1_x86_64.whl", good)
+    monkeypatch.setenv("PIP_INDEX_URL", server.url + "/simple")
+    with provider(server, tmp_path, sleeps, sources=("release",)) as p:
+        # Both tags on one commit: the final release is tried first, and the tag "v0.26"
+        # names the same PEP 440 version as the wheel's "0.26.0".
+        swap = p.get(COMMIT, tags=("v0.26.0rc1", "v0.26", "nightly"))
+        assert swap.files[MEMBER].read_bytes() == so_bytes("final")
+        with pytest.raises(ArtifactUnavailable, match=r"no wheel for CPython 3\.12.*vllm==0\.25"):
+            p.get(OTHER, tags=("v0.25.0",))
+
+
+def test_wheel_choice_follows_pips_tag_order_for_the_pinned_stack():
+    names = [
+        "vllm-0.26.0-py3-none-any.whl",
+        "vllm-0.26.0-cp38-abi3-manylinux1_x86_64.whl",
+        "vllm-0.26.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "vllm-0.26.0-cp38-abi3-linux_x86_64.whl",
+    ]
+    loadable = sorted(names, key=lambda n: _wheel_rank(n))  # type: ignore[arg-type,return-value]
+    assert loadable == [names[2], names[1], names[3], names[0]]
+    for other in (
+        "vllm-0.26.0-cp38-abi3-manylinux2014_aarch64.whl",
+        "vllm-0.26.0-cp313-cp313-manylinux1_x86_64.whl",
+        "vllm-0.26.0-cp38-abi3-manylinux_2_39_x86_64.whl",  # newer glibc than the image's
+        "vllm-0.26.0-cp38-abi3-macosx_11_0_arm64.whl",
+        "vllm-0.26.0.tar.gz",
+        "not a wheel.whl",
+    ):
+        assert _wheel_rank(other) is None, other
+    # vLLM's per-commit names carry a local version; the legacy fixed name too is loadable.
+    assert _wheel_rank("vllm-0.11.0rc2.dev55+g1234abc.cu129-cp38-abi3-manylinux1_x86_64.whl")
+    assert _wheel_rank(LEGACY_WHEEL) is not None
+    assert [str(release_version(t)) for t in ("v0.26.0", "0.9.0.post1", "v0.11.0rc2")] == [
+        "0.26.0", "0.9.0.post1", "0.11.0rc2"
+    ]
+    assert [release_version(t) for t in ("nightly", "v0.26.0.dev1", "v0.26.0+cu129")] == [
+        None, None, None
+    ]
 
 
 def test_pip_index_url_reads_env_then_config(tmp_path):

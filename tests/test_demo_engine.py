@@ -23,6 +23,12 @@ import pytest
 from bisect_tool.demo.calibrate import demo_server
 from bisect_tool.demo.history import generate
 from bisect_tool.demo.pinned import STACK_DIR, ensure_pinned_build, run_build
+from bisect_tool.interfaces import ServerHandle
+from bisect_tool.probes.metrics import STEP_TOKENS, StepBucket, parse
+from bisect_tool.probes.render import render_server_detail
+from bisect_tool.probes.server import ServerDeterminismProbe
+from bisect_tool.recipe import ProbeSettings
+from bisect_tool.values import Verdict
 
 sys.path.insert(0, str(STACK_DIR))
 from demollm._custom_ops import Kernels  # noqa: E402
@@ -221,9 +227,53 @@ def test_bad_requests_get_400(server: str) -> None:
 def test_health_and_metrics(server: str) -> None:
     assert urllib.request.urlopen(server + "/health", timeout=10).status == 200
     text = urllib.request.urlopen(server + "/metrics", timeout=10).read().decode()
-    assert 'vllm:num_requests_running{engine="0",model_name="demo"} 0.0' in text
-    assert 'vllm:num_requests_waiting{engine="0",model_name="demo"} 0.0' in text
-    assert "vllm:iteration_tokens_total_count" in text
+    page = parse(text)  # prometheus_client's parser, as for a real vLLM page
+    assert page.value("vllm:num_requests_running") == 0.0
+    assert page.value("vllm:num_requests_waiting") == 0.0
+    assert page.value("vllm:prefix_cache_hits") == 0.0  # a counter, by its family name
+    steps = page.histograms[STEP_TOKENS]
+    # The demo splits vLLM's 256 bucket at 255 so a step of exactly 256 tokens shows.
+    assert [le for le, _ in steps.buckets][6:8] == [255.0, 256.0]
+    assert steps.buckets[-1] == (float("inf"), steps.count)
+
+
+def test_probe_reports_the_largest_step_the_demo_engine_took(
+    sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = engine(sos["post"], tmp_path, monkeypatch)
+    loop = EngineLoop(e)
+    loop.start()
+    srv = ApiServer(("127.0.0.1", 0), loop, "demo")
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    settings = ProbeSettings(
+        requests=6, fillers=2, prefix_tokens=16, prompt_tokens=24, filler_tokens=20,
+        vocab_size=2048, repeats=2, max_tokens=3, logprobs=2, jitter_ms=0.0,
+        target_coresidency=1, request_timeout_s=60.0,
+    )
+    try:
+        result = ServerDeterminismProbe(settings).run(
+            ServerHandle(url=url, lifetime_id="demo-0", log_path=tmp_path / "none.log")
+        )
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join()
+        loop.stop()
+    assert result.verdict is not Verdict.UNTESTABLE, result.message
+    d = result.detail
+    passes = [d["priming_step_tokens"], *d["step_tokens_per_repeat"]]
+    buckets = [StepBucket.from_detail(p) for p in passes]
+    assert all(b is not None for b in buckets) and len(buckets) == 3
+    # However the arrivals split into steps, the largest step the engine really took lies in
+    # the largest bucket reported over the passes (every step belongs to exactly one pass).
+    largest = max(buckets, key=lambda b: b.at_most)  # type: ignore[union-attr]
+    assert largest is not None and largest.above < max(e.step_sizes) <= largest.at_most
+    assert StepBucket.from_detail(d["max_step_tokens"]) == max(
+        buckets[1:], key=lambda b: b.at_most  # type: ignore[union-attr]
+    )
+    assert "largest engine step" in render_server_detail(d)
 
 
 def test_health_is_503_once_the_engine_dies(

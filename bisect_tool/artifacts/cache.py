@@ -1,6 +1,6 @@
 """The content-addressed artifact cache.
 
-Layout under the root (``$XDG_CACHE_HOME/bisect`` by default)::
+Layout under the root (the user cache dir, ``~/.cache/bisect`` on Linux, by default)::
 
     blobs/ab/ab12...      one file per sha256, read-only; shared by commits whose file is equal
     manifests/<sha>.json  per commit: where it came from, sizes, sha256 of the wheel and files;
@@ -31,17 +31,23 @@ from bisect_tool.errors import ArtifactUnavailable, UsageError
 from bisect_tool.interfaces import SwapSet
 
 MANIFEST_VERSION = 1
+APP_NAME = "bisect"
 
 
 def default_cache_dir(setting: str = "", env: Mapping[str, str] | None = None) -> Path:
-    """settings.cache_dir, else $BISECT_CACHE_DIR, else $XDG_CACHE_HOME/bisect, else ~/.cache."""
+    """The recipe's ``[artifacts] cache_dir``, else $BISECT_CACHE_DIR, else the platform's user
+    cache dir for ``bisect`` (platformdirs: ``$XDG_CACHE_HOME/bisect`` or ``~/.cache/bisect``
+    on Linux, ``~/Library/Caches/bisect`` on macOS)."""
     env = os.environ if env is None else env
     if setting:
         return Path(setting).expanduser()
     if env.get("BISECT_CACHE_DIR"):
         return Path(env["BISECT_CACHE_DIR"]).expanduser()
-    xdg = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "bisect"
+    try:
+        import platformdirs  # here, not at the top: see the module docstring
+    except ImportError:  # a GPU machine given only the stdlib and click/httpx
+        return Path.home() / ".cache" / APP_NAME
+    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import RangeError, UsageError
 from bisect_tool.recipe import ArtifactSettings
 
@@ -84,10 +85,11 @@ def artifacts_group() -> None:
 cache_option = click.option(
     "--cache-dir",
     default=None,
-    help="Cache folder (default: $BISECT_CACHE_DIR or ~/.cache/bisect).",
+    help="Cache folder (default: $BISECT_CACHE_DIR, else the user cache dir: ~/.cache/bisect).",
 )
 recipe_option = click.option(
-    "--recipe", default=None, help=f"Recipe name or path (default: {DEFAULT_RECIPE})."
+    "--recipe", default=None, help=f"Recipe name or path (default: {DEFAULT_RECIPE}).",
+    shell_complete=complete_recipe,
 )
 
 

@@ -15,16 +15,47 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 from urllib.parse import urldefrag, urljoin
 
+from packaging import tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
 from bisect_tool.artifacts.download import Downloader, NotFound
 from bisect_tool.errors import ArtifactUnavailable
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Before metadata.json existed, vLLM's per-commit folder held one wheel under a fixed name.
 LEGACY_WHEEL = "vllm-1.0.0.dev-cp38-abi3-manylinux1_x86_64.whl"
-WHEEL_NAME = re.compile(
-    r"^(?P<name>.+?)-(?P<version>[^-]+?)(-(?P<build>\d[^-]*))?-(?P<py>[^-]+)-(?P<abi>[^-]+)"
-    r"-(?P<plat>[^-]+)\.whl$"
-)
+
+# The interpreter and C library of the pinned stack the swapped files load into: vLLM's images
+# run CPython 3.12 on Ubuntu 22.04 (glibc 2.35), x86_64. The wheel is picked for that target,
+# never for the machine the tool runs on (which may be a laptop without a GPU).
+TARGET_PYTHON = (3, 12)
+TARGET_GLIBC = (2, 35)
+TARGET_ARCH = "x86_64"
+
+
+def _target_platforms() -> list[str]:
+    """manylinux tags the target accepts, newest glibc first (PEP 600, and the legacy aliases
+    PEP 513/571/599 beside the glibc they stand for), then plain ``linux_x86_64``."""
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    platforms = []
+    for minor in range(TARGET_GLIBC[1], 4, -1):
+        platforms.append(f"manylinux_{TARGET_GLIBC[0]}_{minor}_{TARGET_ARCH}")
+        if minor in legacy:
+            platforms.append(f"{legacy[minor]}_{TARGET_ARCH}")
+    return [*platforms, f"linux_{TARGET_ARCH}"]
+
+
+def target_tags() -> list[tags.Tag]:
+    """Every wheel tag the pinned stack can load, most preferred first (pip's order)."""
+    platforms = _target_platforms()
+    return [
+        *tags.cpython_tags(TARGET_PYTHON, platforms=platforms),
+        *tags.compatible_tags(TARGET_PYTHON, platforms=platforms),
+    ]
+
+
+_TAG_RANK = {tag: i for i, tag in enumerate(target_tags())}
 
 
 @dataclass(frozen=True)
@@ -44,21 +75,16 @@ class Source(Protocol):
         ...
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _wheel_rank(filename: str) -> tuple[int, int] | None:
-    """Sort key for wheels the pinned stack can load (manylinux x86_64): abi3 first, then cp312.
-    None for wheels of other platforms."""
-    match = WHEEL_NAME.match(filename)
-    if not match:
+def _wheel_rank(filename: str) -> int | None:
+    """Sort key (lower is better) of a wheel the pinned stack can load: the rank of its best
+    tag among ``target_tags()``, as pip ranks them. None for a wheel it cannot load (another
+    platform or Python) or a file that is not a wheel."""
+    try:
+        _, _, _, wheel_tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
         return None
-    plat = match["plat"]
-    if "x86_64" not in plat or "linux" not in plat:
-        return None
-    abi_rank = 0 if match["abi"] == "abi3" else 1 if match["py"] == "cp312" else 2
-    return (abi_rank, 0 if "manylinux" in plat else 1)
+    ranks = [_TAG_RANK[t] for t in wheel_tags if t in _TAG_RANK]
+    return min(ranks, default=None)
 
 
 def _download_name(commit: str, url: str, cache_downloads: Path) -> Path:
@@ -108,7 +134,9 @@ class WheelIndexSource:
                 continue
             ranked.append((rank, urljoin(meta_url, str(entry["path"]))))
         if not ranked:
-            raise ArtifactUnavailable(f"{meta_url} lists no manylinux x86_64 wheel")
+            raise ArtifactUnavailable(
+                f"{meta_url} lists no wheel for CPython {_target()} on manylinux {TARGET_ARCH}"
+            )
         return min(ranked)[1]
 
     def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
@@ -168,7 +196,21 @@ def pip_index_url(env: Mapping[str, str] | None = None, home: Path | None = None
     return found or "https://pypi.org/simple"
 
 
-RELEASE_TAG = re.compile(r"^v?(\d+\.\d+(?:\.\d+)*(?:(?:rc|post|\.post|a|b)\d+)?)$")
+def release_version(tag: str) -> Version | None:
+    """The release a tag names (``v0.26.0`` -> 0.26.0, ``v0.11.0rc2`` -> 0.11.0rc2), None for
+    tags that name none: not a PEP 440 version, or a dev or local one (no index publishes those
+    as releases)."""
+    try:
+        version = Version(tag.removeprefix("v"))
+    except InvalidVersion:
+        return None
+    if version.is_devrelease or version.local is not None or len(version.release) < 2:
+        return None
+    return version
+
+
+def _target() -> str:
+    return ".".join(map(str, TARGET_PYTHON))
 
 
 class ReleaseSource:
@@ -187,7 +229,7 @@ class ReleaseSource:
 
     def _files(self) -> list[tuple[str, str, str]]:
         """(filename, url, sha256) of every file of the package."""
-        url = f"{self.index}/{_norm(self.package)}/"
+        url = f"{self.index}/{canonicalize_name(self.package)}/"
         response = self.downloader.get(
             url,
             headers={
@@ -214,29 +256,29 @@ class ReleaseSource:
         return files
 
     def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
-        versions = [m[1] for t in tags if (m := RELEASE_TAG.match(t))]
+        # Newest release first: a commit tagged both v0.26.0rc3 and v0.26.0 is the final one.
+        versions = sorted({v for t in tags if (v := release_version(t))}, reverse=True)
         if not versions:
             raise ArtifactUnavailable("the commit carries no release tag")
-        files = self._files()
+        wanted = canonicalize_name(self.package)
+        wheels = []
+        for filename, url, sha in self._files():
+            rank = _wheel_rank(filename)
+            if rank is None:
+                continue
+            name, version, _, _ = parse_wheel_filename(filename)
+            if name == wanted:
+                wheels.append((version, rank, filename, url, sha))
         for version in versions:
-            ranked = []
-            for filename, url, sha in files:
-                match = WHEEL_NAME.match(filename)
-                rank = _wheel_rank(filename)
-                if (
-                    match
-                    and rank is not None
-                    and match["version"] == version
-                    and _norm(match["name"]) == _norm(self.package)
-                ):
-                    ranked.append((rank, filename, url, sha))
+            # Version equality is PEP 440's: the tag v0.26 matches a wheel of 0.26.0.
+            ranked = sorted((w[1:] for w in wheels if w[0] == version), key=lambda w: w[0])
             if ranked:
-                _, filename, url, sha = min(ranked)
+                _, filename, url, sha = ranked[0]
                 dest = _download_name(commit, url, self.downloads)
                 self.downloader.download(url, dest, sha256=sha)
                 return Fetched("wheel", dest, url, wheel_sha256=sha, temporary=True)
         raise ArtifactUnavailable(
-            f"{self.index} has no manylinux x86_64 wheel of "
+            f"{self.index} has no wheel for CPython {_target()} on manylinux {TARGET_ARCH} of "
             + " or ".join(f"{self.package}=={v}" for v in versions)
         )
 

@@ -32,6 +32,7 @@ from bisect_tool import recipe as recipe_mod
 from bisect_tool.demo.history import generate
 from bisect_tool.demo.pinned import STACK_DIR, SWAP_PATH, ensure_pinned_build, run_build
 from bisect_tool.errors import BootFailed
+from bisect_tool.probes.metrics import STEP_TOKENS, MetricsFormatError, parse
 from bisect_tool.recipe import ProbeSettings
 
 _PORT = re.compile(r"Starting vLLM API server 0 on http://127\.0\.0\.1:(\d+)")
@@ -143,11 +144,19 @@ def run_lifetime(kernels: Path, p: ProbeSettings, env: dict[str, str]) -> Lifeti
         run_pass(url, bodies, p.jitter_ms, rng)  # priming pass, discarded
         outputs = [run_pass(url, bodies, p.jitter_ms, rng) for _ in range(p.repeats)]
         metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    crossed = re.search(r'le="255.0"\} (\d+)', metrics)
-    total = re.search(r"iteration_tokens_total_count\{[^}]*\} (\d+)", metrics)
-    big = int(total.group(1)) - int(crossed.group(1)) if crossed and total else -1
+    big = _steps_over_255(metrics)
     distinct = len(set(outputs))
     return LifetimeResult(distinct > 1, distinct, big, time.perf_counter() - start)
+
+
+def _steps_over_255(page: str) -> int:
+    """Engine steps of >= 256 tokens, from the demo's ``le="255.0"`` bucket; -1 if unknown."""
+    try:
+        steps = parse(page).histograms.get(STEP_TOKENS)
+    except MetricsFormatError:
+        return -1
+    small = dict(steps.buckets).get(255.0) if steps else None
+    return -1 if steps is None or small is None else int(steps.count - small)
 
 
 def fixed_kernels(workdir: Path) -> Path:

@@ -55,6 +55,14 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
+def _complete_recipe(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    # Imported when the shell asks: this module's top-level imports stay the light ones
+    # (python -m bisect_tool.probes runs on a GPU machine, tests/test_probe_op.py).
+    from bisect_tool.completion import complete_recipe
+
+    return complete_recipe(ctx, param, incomplete)
+
+
 @click.command("probe")
 @click.option("--server", "server_url", metavar="URL", help="Probe a running server once.")
 @click.option("--sequential", is_flag=True,
@@ -68,7 +76,8 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Environment for the --extension child, e.g. VLLM_BATCH_INVARIANT=1.")
 @click.option("--commit", default=None, metavar="REF",
               help="Build/fetch this commit's artifacts as the recipe says and probe lifetimes.")
-@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, help="Recipe name or path.")
+@click.option("--recipe", default=DEFAULT_RECIPE, show_default=True, help="Recipe name or path.",
+              shell_complete=_complete_recipe)
 @click.option("--repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
               help="With --commit: the target repository (your vLLM clone).")
 @click.option("--lifetimes", type=click.IntRange(min=0), default=1, show_default=True,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bisect_tool.probes.metrics import StepBucket
+
 
 def _cell(value: Any) -> str:
     if value is None:
@@ -24,6 +26,23 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def _pairs(pairs: Sequence[Sequence[int]] | None) -> str:
     return " ".join(f"({p[0]},{p[1]})" for p in pairs or []) or "none"
+
+
+def _step(value: Any) -> str:
+    bucket = StepBucket.from_detail(value)
+    return "-" if bucket is None else bucket.label()
+
+
+def _steps(d: Mapping[str, Any]) -> str | None:
+    """The histogram bucket of the largest step per repeat (``vllm:iteration_tokens_total``):
+    says whether a big step formed, which co-residency alone cannot (a batch may be admitted
+    over several small steps). None ("-") for details written before it was recorded."""
+    per_repeat = d.get("step_tokens_per_repeat")
+    if per_repeat is None:
+        return None
+    if all(v is None for v in per_repeat):
+        return "- (no vllm:iteration_tokens_total on /metrics)"
+    return f"{_step(d.get('max_step_tokens'))} ({', '.join(_step(v) for v in per_repeat)})"
 
 
 def render_server_detail(detail: Mapping[str, Any]) -> str:
@@ -49,6 +68,7 @@ def render_server_detail(detail: Mapping[str, Any]) -> str:
         ("co-residency reached (per repeat)",
          f"{d.get('max_coresidency')} ({', '.join(_cell(p) for p in per_repeat)})"
          if per_repeat is not None else None),
+        ("largest engine step, tokens (per repeat)", _steps(d)),
         ("target co-residency", d.get("target_coresidency") or "none (sequential)"),
         ("repeats redone", d.get("redone_repeats")),
     ]

@@ -3,7 +3,9 @@
 What a careful human did by hand in vLLM issue 51187, unattended: M requests sharing a prefix
 plus F unrelated fillers, all in flight at once, a discarded priming pass, then R repeats in the
 same order, every pair of repeats compared bitwise (see ``compare``), while ``/metrics`` is
-polled to show the batch the bug needs (~44 co-resident sequences there) actually formed.
+polled to show the batch the bug needs (~44 co-resident sequences there) actually formed, and
+scraped before and after each repeat for the largest engine step it took (the histogram
+``vllm:iteration_tokens_total``: the seed bug needs a step of >= 256 tokens).
 
 Verdicts: a differing pair -> DIVERGENT; none, and every repeat reached the target co-residency
 -> CLEAN; none but the target was missed -> INCONCLUSIVE (a lifetime that never formed the batch
@@ -34,7 +36,14 @@ from bisect_tool.probes.compare import (
     compare_repeats,
     parse_completion,
 )
-from bisect_tool.probes.metrics import gauge_sum
+from bisect_tool.probes.metrics import (
+    MetricsFormatError,
+    Scrape,
+    StepBucket,
+    gauge_sum,
+    largest_step,
+    parse,
+)
 from bisect_tool.probes.workload import Workload, build_workload, request_body
 from bisect_tool.recipe import ProbeSettings
 from bisect_tool.values import Verdict
@@ -120,7 +129,8 @@ class _Monitor:
 
     A thread with its own blocking client, not a task on the probe's event loop: while the loop
     is busy submitting and parsing a 44-request burst, a task would sample late and could miss
-    a short-lived batch entirely.
+    a short-lived batch entirely. ``snapshot`` is a separate scrape on demand (its own client,
+    so it never waits on the poller), for the step histogram before and after a repeat.
     """
 
     def __init__(self, url: str, interval: float) -> None:
@@ -132,6 +142,7 @@ class _Monitor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bisect-metrics", daemon=True)
+        self._snapshots = httpx.Client(timeout=5.0, trust_env=False)
 
     def __enter__(self) -> _Monitor:
         self._thread.start()
@@ -140,6 +151,15 @@ class _Monitor:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        self._snapshots.close()
+
+    def snapshot(self) -> Scrape | None:
+        """The whole page now, or None when it cannot be had (the step bucket is then unknown)."""
+        try:
+            resp = self._snapshots.get(self.url + "/metrics")
+            return parse(resp.text) if resp.status_code == 200 else None
+        except (httpx.HTTPError, MetricsFormatError):
+            return None
 
     def begin(self) -> None:
         with self._lock:
@@ -273,25 +293,31 @@ class ServerDeterminismProbe:
         bodies = [request_body(p, model, s.max_tokens, s.logprobs) for p in self.workload.prompts]
         repeats: list[list[Sample]] = []
         peaks: list[int | None] = []
+        steps: list[StepBucket | None] = []
         with _Monitor(url, self.poll_interval_s) as monitor:
             # The priming pass is byte-identical traffic whose output is discarded: in the seed
             # it removed a separate first-batch effect, so repeat 0 is not the server's first
             # sight of this workload.
             for label in ["priming", *range(s.repeats)]:
-                samples, peak = await self._attempts(
+                samples, peak, step = await self._attempts(
                     client, slots, url, bodies, label, monitor, is_alive, detail
                 )
                 if label == "priming":
                     detail["priming_coresidency"] = peak
+                    detail["priming_step_tokens"] = _step_detail(step)
                     continue
                 repeats.append(samples)
                 peaks.append(peak)
+                steps.append(step)
         comparison = compare_repeats(repeats)
         detail.update(comparison.to_detail())
         detail["coresidency_per_repeat"] = peaks
         known = [p for p in peaks if p is not None]
         detail["max_coresidency"] = max(known, default=None)
         detail["target_reached_repeats"] = sum(1 for p in known if p >= self.target)
+        detail["step_tokens_per_repeat"] = [_step_detail(b) for b in steps]
+        seen = [b for b in steps if b is not None]
+        detail["max_step_tokens"] = _step_detail(max(seen, key=lambda b: b.at_most, default=None))
         detail["metrics_samples"] = monitor.samples
         return decide(comparison, peaks, self.target)
 
@@ -305,11 +331,14 @@ class ServerDeterminismProbe:
         monitor: _Monitor,
         is_alive: Callable[[], bool] | None,
         detail: dict[str, Any],
-    ) -> tuple[list[Sample], int | None]:
+    ) -> tuple[list[Sample], int | None, StepBucket | None]:
         if is_alive is not None and not is_alive():
             raise _Untestable(f"server process exited before {_name(label)}")
         reason = ""
         for attempt in range(self.max_attempts):
+            # The server is idle here (the previous pass was awaited whole), so the histogram's
+            # growth between these two scrapes is this attempt's steps and nothing else.
+            before = await asyncio.to_thread(monitor.snapshot)
             monitor.begin()
             try:
                 samples = await self._pass(slots, url, bodies, self._delays(label, attempt))
@@ -324,7 +353,9 @@ class ServerDeterminismProbe:
                         f"server died during {_name(label)} ({reason}); {dead}"
                     ) from None
                 continue
-            return samples, monitor.end()
+            peak = monitor.end()
+            after = await asyncio.to_thread(monitor.snapshot)
+            return samples, peak, largest_step(before, after)
         raise _Untestable(
             f"{_name(label)} failed {self.max_attempts} times on a live server; last: {reason}"
         )
@@ -426,6 +457,10 @@ class ServerDeterminismProbe:
                 last = f"/health unreachable ({type(exc).__name__})"
             await asyncio.sleep(0.2)
         return last
+
+
+def _step_detail(bucket: StepBucket | None) -> list[float | str] | None:
+    return None if bucket is None else bucket.to_detail()
 
 
 def _name(label: str | int) -> str:

@@ -1,0 +1,25 @@
+"""Shell completion beyond what click derives from the commands themselves.
+
+click completes commands, options and ``click.Choice``/``click.Path`` values on its own once
+the shell has loaded its script (``eval "$(_BISECT_COMPLETE=bash_source bisect)"``, see the
+README). A recipe is either a bundled name or a TOML path, which no click type says, so
+``--recipe`` gets this completer.
+"""
+
+from __future__ import annotations
+
+import click
+from click.shell_completion import CompletionItem
+
+from bisect_tool.recipe import bundled_names
+
+
+def complete_recipe(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """Bundled recipe names that start with what was typed; otherwise the shell's own file
+    completion (a path: it holds a slash, or no bundled name matches)."""
+    names = [n for n in bundled_names() if n.startswith(incomplete)]
+    if "/" in incomplete or not names:
+        return [CompletionItem(incomplete, type="file")]
+    return [CompletionItem(n, help="bundled recipe") for n in names]
