@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 RUNNING = "vllm:num_requests_running"
+# demollm's device clock: engine steps whose compute outlasted their modelled time (a counter).
+STEP_OVERRUNS = "demollm:step_overruns_total"
 
 
 def gauge_sum(text: str, name: str = RUNNING) -> float | None:
