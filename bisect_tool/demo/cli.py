@@ -205,6 +205,9 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "") -> Path:
         )
         if n != 1:
             raise UsageError("the bundled demo recipe has no [runtime] backend line to switch")
+        # The recipe's "GPU" ids only bound how many local lifetimes run at once; Docker would
+        # ask its (absent) GPU driver for them. Containers run one lifetime at a time.
+        text = re.sub(r"(?m)^gpus = .*$", "gpus = []", text)
     path.write_text(text)
     recipe_mod.load(str(path))  # validate before anything starts
     return path
