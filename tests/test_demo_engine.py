@@ -2,12 +2,15 @@
 
 The proof: with the fixed kernel (v0.27.0, switch on) a request's output is bitwise the same
 alone, among 40 others in one big step, and under various arrival timings; with the pinned
-(v0.26.0) kernel it changes exactly when one of its steps crosses 256 tokens.
+(v0.26.0) kernel it changes exactly when one of its steps crosses 256 tokens. The device clock
+(engine.DeviceTiming) only decides when steps start and which arrivals they admit; its tests run
+it on model time (an injected clock), never against this machine's speed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +35,13 @@ from bisect_tool.values import Verdict
 
 sys.path.insert(0, str(STACK_DIR))
 from demollm._custom_ops import Kernels  # noqa: E402
-from demollm.engine import EngineLoop, LLMEngine, Request, SchedulerConfig  # noqa: E402
+from demollm.engine import (  # noqa: E402
+    DeviceTiming,
+    EngineLoop,
+    LLMEngine,
+    Request,
+    SchedulerConfig,
+)
 from demollm.model import DemoModel, ModelConfig  # noqa: E402
 from demollm.server import ApiServer  # noqa: E402
 
@@ -63,7 +72,8 @@ def engine(
     kernels = Kernels(copy)
     kernels.rms_norm(np.ones((1, 8), np.float32), None, 1e-6)  # caches the switch now
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
-    return LLMEngine(DemoModel(ModelConfig(), kernels), SchedulerConfig())
+    # The matmuls follow the same switch as the kernels (demollm.server.build_engine does so).
+    return LLMEngine(DemoModel(ModelConfig(batch_invariant=invariant), kernels), SchedulerConfig())
 
 
 def prompt(seed: int, n: int = 24) -> list[int]:
@@ -143,6 +153,84 @@ def test_without_the_switch_the_fixed_kernel_still_diverges(
     assert outcome(alone) != outcome(crowd)
 
 
+def test_without_the_switch_small_steps_diverge_too(
+    sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Split-K below 64 tokens: alone (24-token steps) vs among 4 others (120 tokens), both far
+    # below 256, differ with the switch off and agree with it on: what makes the positive
+    # control diverge in almost every lifetime while the planted bug stays intermittent.
+    crowd = [OTHERS[:4]]
+    off = [run(engine(sos["post"], tmp_path, monkeypatch, invariant=False), a, 0)
+           for a in ([], crowd)]
+    on = [run(engine(sos["post"], tmp_path, monkeypatch), a, 0) for a in ([], crowd)]
+    assert max(off[1][1]) < 256 and outcome(off[0][0]) != outcome(off[1][0])
+    assert outcome(on[0][0]) == outcome(on[1][0])
+
+
+class ModelClock:
+    """Model time for the device clock: compute takes ``compute_s`` per step, sleeps advance."""
+
+    def __init__(self, compute_s: float = 0.0) -> None:
+        self.now, self.compute_s, self.slept = 100.0, compute_s, 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+
+def clocked(e: LLMEngine, clock: ModelClock, timing: DeviceTiming) -> EngineLoop:
+    loop = EngineLoop(e, timing, clock=clock, sleep=clock.sleep)
+    step = e.step
+
+    def computing(admit_until: float | None = None) -> list[Request]:
+        clock.now += clock.compute_s  # the step's compute, on model time
+        return step(admit_until)
+
+    e.step = computing  # type: ignore[method-assign]
+    return loop
+
+
+def test_steps_last_their_modelled_time_and_admit_by_arrival_on_the_device_clock(
+    sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = engine(sos["post"], tmp_path, monkeypatch)
+    clock = ModelClock(compute_s=0.001)
+    timing = DeviceTiming(launch_overhead_ms=20.0, per_token_ms=0.05)
+    loop = clocked(e, clock, timing)
+    t0 = clock.now
+    # Three requests are already queued when the first step starts, but only one had arrived
+    # by then on the device clock: the others wait for the step that starts after them.
+    for p, at in ((OTHERS[0], t0), (OTHERS[1], t0 + 0.010), (OTHERS[2], t0 + 0.030)):
+        e.add_request(e.make_request(p, 2, arrival=at))
+    loop.timed_step()
+    assert e.step_sizes == [24] and clock.now == pytest.approx(t0 + timing.step_seconds(24))
+    loop.timed_step()  # starts at 21.2 ms: the 10 ms arrival joins, the 30 ms one does not
+    assert e.step_sizes == [24, 25]
+    loop.timed_step()
+    assert e.step_sizes == [24, 25, 25]
+    assert loop.overruns == 0 and clock.slept > 0
+
+
+def test_an_overrun_is_counted_but_does_not_stretch_the_device_clock(
+    sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = engine(sos["post"], tmp_path, monkeypatch)
+    clock = ModelClock(compute_s=0.050)  # every step computes longer than its 20-21 ms
+    loop = clocked(e, clock, DeviceTiming(20.0, 0.05))
+    t0 = clock.now
+    e.add_request(e.make_request(OTHERS[0], 3, arrival=t0))
+    e.add_request(e.make_request(OTHERS[1], 3, arrival=t0 + 0.030))
+    loop.timed_step()  # device 0..21.2 ms, done at 50 ms of real time
+    loop.timed_step()  # device 21.2..42.4 ms: the 30 ms arrival is still not admitted
+    assert e.step_sizes == [24, 1] and loop.overruns == 2 and clock.slept == 0
+    loop.timed_step()  # device 42.4 ms: now it is
+    assert e.step_sizes == [24, 1, 25]
+    assert loop.overrun_s == pytest.approx(3 * 0.050 - (0.0212 + 0.02005 + 0.02125))
+
+
 def test_scheduler_respects_max_num_seqs_and_token_budget(
     sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -175,7 +263,8 @@ def post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def server(sos: dict[str, Path]) -> Iterator[str]:
-    with demo_server(sos["pre"], {"VLLM_BATCH_INVARIANT": "1"}, ("--max-num-seqs", "16")) as url:
+    args = ("--max-num-seqs", "16", "--step-overhead-ms", "0", "--step-per-token-ms", "0")
+    with demo_server(sos["pre"], {"VLLM_BATCH_INVARIANT": "1"}, args) as url:
         yield url
 
 
@@ -235,6 +324,11 @@ def test_health_and_metrics(server: str) -> None:
     # The demo splits vLLM's 256 bucket at 255 so a step of exactly 256 tokens shows.
     assert [le for le, _ in steps.buckets][6:8] == [255.0, 256.0]
     assert steps.buckets[-1] == (float("inf"), steps.count)
+    assert 'vllm:num_requests_running{engine="0",model_name="demo"} 0.0' in text
+    assert 'vllm:num_requests_waiting{engine="0",model_name="demo"} 0.0' in text
+    assert "vllm:iteration_tokens_total_count" in text
+    assert "# TYPE demollm:step_overruns_total counter" in text
+    assert 'demollm:step_overruns_total{engine="0",model_name="demo"} ' in text
 
 
 def test_probe_reports_the_largest_step_the_demo_engine_took(
@@ -274,6 +368,32 @@ def test_probe_reports_the_largest_step_the_demo_engine_took(
         buckets[1:], key=lambda b: b.at_most  # type: ignore[union-attr]
     )
     assert "largest engine step" in render_server_detail(d)
+
+
+PROBE = ProbeSettings(requests=4, fillers=2, prefix_tokens=8, prompt_tokens=8, filler_tokens=8,
+                      vocab_size=2048, repeats=2, max_tokens=3, logprobs=2, jitter_ms=5.0,
+                      target_coresidency=1, request_timeout_s=30.0)
+
+
+def test_probe_says_when_a_lifetime_ran_slower_than_modelled(sos: dict[str, Path]) -> None:
+    # A microsecond per step: no real compute fits, so every step overruns, on any machine.
+    args = ("--step-overhead-ms", "0.001", "--step-per-token-ms", "0")
+    with demo_server(sos["post"], {"VLLM_BATCH_INVARIANT": "1"}, args) as url:
+        result = ServerDeterminismProbe(PROBE).run(ServerHandle(url, "t", Path(os.devnull)))
+    # The fixed kernel with the switch on never diverges (INCONCLUSIVE if a 20 ms metrics poll
+    # missed a repeat that short), however slow the steps.
+    assert result.verdict in (Verdict.CLEAN, Verdict.INCONCLUSIVE), result.message
+    assert result.detail["step_overruns"] > 0
+    assert "ran slower than modelled" in result.message
+    assert isinstance(result.detail["jitter_seed"], int)
+
+
+def test_probe_notes_nothing_when_no_step_overran(server: str) -> None:
+    # Zero step times turn the clock off: the counter stays 0, so no note. (A server without
+    # the counter, vLLM, gives None: tests/test_probe_server.py's servers have none.)
+    result = ServerDeterminismProbe(PROBE).run(ServerHandle(server, "t", Path(os.devnull)))
+    assert result.detail["step_overruns"] in (0, None)
+    assert "ran slower than modelled" not in result.message
 
 
 def test_health_is_503_once_the_engine_dies(

@@ -1,53 +1,140 @@
-"""Measure the demo target: how often a lifetime diverges, how long it takes.
+"""Measure the demo target: how often a lifetime diverges, quiet and with both cores kept busy.
 
-``python -m bisect_tool.demo.calibrate --lifetimes 20 [--fixed]`` boots fresh demollm servers
-(the pinned ``_kernels.so``, or with ``--fixed`` the one built from the generated history's
-``v0.27.0``) and runs the server probe's workload in each: M shared-prefix requests plus F
-fillers, all submitted concurrently with 0..jitter ms random delays, one priming pass and R
-repeats, every repeat compared with every other. It is a measuring tool for sizing the demo
-recipe; the real probe lives in ``bisect_tool.probes``.
+``python -m bisect_tool.demo.calibrate [--lifetimes 20] [--target bug|positive|fixed]
+[--load quiet|loaded|both]`` boots fresh demollm servers exactly as ``bisect demo`` does (the
+recipe's server arguments and environment) and runs the real server probe
+(``bisect_tool.probes.server``) in each, then prints the divergent fraction p with its 95 %
+Wilson interval, per load:
+
+- ``bug`` (default): the pinned v0.26.0 kernels, switch on: the rate the search sees pre-fix;
+- ``positive``: the v0.27.0 kernels with the switch off: the positive control;
+- ``fixed``: the v0.27.0 kernels, switch on: must never diverge.
+
+"loaded" runs the same lifetimes while a bounded CPU burner (one spinning process per core,
+started and stopped here, each ending by itself after ``--burn-max-s``) keeps every core busy.
+demollm's steps last a modelled device time (``demollm.engine.DeviceTiming``), so p should not
+move with the load as long as the CPU keeps up; the overrun column says when it did not.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
-import random
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bisect_tool import recipe as recipe_mod
 from bisect_tool.demo.history import generate
 from bisect_tool.demo.pinned import STACK_DIR, SWAP_PATH, ensure_pinned_build, run_build
-from bisect_tool.errors import BootFailed
+from bisect_tool.errors import BisectError, BootFailed
+from bisect_tool.interfaces import ServerHandle
 from bisect_tool.probes.metrics import STEP_TOKENS, MetricsFormatError, parse
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.values import Verdict
 
 _PORT = re.compile(r"Starting vLLM API server 0 on http://127\.0\.0\.1:(\d+)")
+TARGETS = ("bug", "positive", "fixed")
+LOADS = ("quiet", "loaded")
 
 
 @dataclass(frozen=True)
 class LifetimeResult:
-    divergent: bool
-    distinct_outputs: int  # distinct repeat outputs (1: reproducible)
-    big_steps: int  # engine steps of 256 tokens or more (from /metrics), -1 if unknown
+    verdict: Verdict
+    min_coresidency: int | None  # lowest per-repeat peak (the target must hold in every repeat)
+    overruns: int | None  # engine steps that outlasted their modelled time (None: not reported)
     wall_s: float  # boot + probe
+
+    @property
+    def divergent(self) -> bool:
+        return self.verdict is Verdict.DIVERGENT
+
+
+@dataclass(frozen=True)
+class Measurement:
+    target: str
+    load: str
+    results: tuple[LifetimeResult, ...]
+
+    @property
+    def divergent(self) -> int:
+        return sum(r.divergent for r in self.results)
+
+    @property
+    def p(self) -> float:
+        return self.divergent / len(self.results) if self.results else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.divergent, len(self.results))
+
+    @property
+    def overran(self) -> int:
+        """Lifetimes with at least one overrun step."""
+        return sum(1 for r in self.results if r.overruns)
+
+    def line(self) -> str:
+        lo, hi = self.interval
+        walls = sorted(r.wall_s for r in self.results)
+        inconclusive = sum(r.verdict is Verdict.INCONCLUSIVE for r in self.results)
+        return (
+            f"{self.target} {self.load}: p = {self.p:.2f} [{lo:.2f}, {hi:.2f}] (95% Wilson), "
+            f"{self.divergent}/{len(self.results)} divergent, {inconclusive} inconclusive, "
+            f"{self.overran} lifetimes overran the clock, "
+            f"median lifetime {walls[len(walls) // 2] if walls else 0.0:.2f}s"
+        )
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial rate k/n (95 % by default); (0, 1) when n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    phat = k / n
+    denom = 1 + z * z / n
+    centre = (phat + z * z / (2 * n)) / denom
+    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# Spins until its deadline (argv[1], seconds) even if its parent is killed without cleaning up.
+_BURN = (
+    "import sys, time\n"
+    "end = time.monotonic() + float(sys.argv[1])\n"
+    "while time.monotonic() < end: pass\n"
+)
 
 
 @contextmanager
-def demo_server(kernels: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> Iterator[str]:
+def cpu_burner(workers: int | None = None, max_s: float = 900.0) -> Iterator[int]:
+    """Keep every core busy while inside: one spinning process per core, each bounded by
+    ``max_s`` seconds, all stopped on the way out. Yields how many were started."""
+    n = workers or os.cpu_count() or 1
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _BURN, str(max_s)], stdin=subprocess.DEVNULL)
+        for _ in range(n)
+    ]
+    try:
+        yield n
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextmanager
+def demo_server(kernels: Path, env: dict[str, str], args: Sequence[str] = ()) -> Iterator[str]:
     """A fresh demollm process on loopback using ``kernels`` as its ``_kernels.so``."""
     with tempfile.TemporaryDirectory(prefix="demollm-lifetime-") as tmp:
         root = Path(tmp)
@@ -86,67 +173,23 @@ def demo_server(kernels: Path, env: dict[str, str], args: tuple[str, ...] = ()) 
             log.close()
 
 
-def _post(url: str, body: bytes, timeout: float) -> Any:
-    request = urllib.request.Request(
-        url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+def run_lifetime(
+    kernels: Path, r: recipe_mod.Recipe, env: dict[str, str], lifetime_id: str = "calibrate"
+) -> LifetimeResult:
+    """One lifetime, probed by the real server probe with the recipe's settings."""
+    from bisect_tool.probes.server import ServerDeterminismProbe
+
+    started = time.perf_counter()
+    probe = ServerDeterminismProbe(r.probe, model=r.runtime.model or None)
+    with demo_server(kernels, env, r.runtime.server_args) as url:
+        result = probe.run(ServerHandle(url, lifetime_id, Path(os.devnull)))
+    peaks = [p for p in result.detail.get("coresidency_per_repeat") or [] if p is not None]
+    return LifetimeResult(
+        verdict=result.verdict,
+        min_coresidency=min(peaks) if peaks else None,
+        overruns=result.detail.get("step_overruns"),
+        wall_s=time.perf_counter() - started,
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
-def workload(p: ProbeSettings) -> list[bytes]:
-    rng = random.Random(f"calibrate:{p.seed}")
-    high = max(p.vocab_size - 512, 101)
-
-    def ids(n: int) -> list[int]:
-        return [rng.randrange(100, high) for _ in range(n)]
-
-    prefix = ids(p.prefix_tokens)
-    prompts = [prefix + ids(p.prompt_tokens) for _ in range(p.requests)]
-    prompts += [ids(p.filler_tokens) for _ in range(p.fillers)]
-    return [
-        json.dumps(
-            {
-                "model": "demo",
-                "prompt": prompt,
-                "max_tokens": p.max_tokens,
-                "temperature": 0.0,
-                "seed": 0,
-                "logprobs": p.logprobs,
-                "ignore_eos": True,
-                "return_tokens_as_token_ids": True,
-                "return_token_ids": True,
-            }
-        ).encode()
-        for prompt in prompts
-    ]
-
-
-def run_pass(url: str, bodies: list[bytes], jitter_ms: float, rng: random.Random) -> str:
-    """One concurrent pass; returns a canonical JSON of what the comparison looks at."""
-    delays = [rng.uniform(0, jitter_ms / 1000) for _ in bodies]
-
-    def one(i: int) -> object:
-        time.sleep(delays[i])
-        choice = _post(url, bodies[i], 120)["choices"][0]
-        lp = choice["logprobs"]
-        return [choice["token_ids"], lp["token_logprobs"], lp["top_logprobs"]]
-
-    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
-        return json.dumps(list(pool.map(one, range(len(bodies)))))
-
-
-def run_lifetime(kernels: Path, p: ProbeSettings, env: dict[str, str]) -> LifetimeResult:
-    start = time.perf_counter()
-    bodies = workload(p)
-    rng = random.Random()
-    with demo_server(kernels, env) as url:
-        run_pass(url, bodies, p.jitter_ms, rng)  # priming pass, discarded
-        outputs = [run_pass(url, bodies, p.jitter_ms, rng) for _ in range(p.repeats)]
-        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    big = _steps_over_255(metrics)
-    distinct = len(set(outputs))
-    return LifetimeResult(distinct > 1, distinct, big, time.perf_counter() - start)
 
 
 def _steps_over_255(page: str) -> int:
@@ -161,7 +204,7 @@ def _steps_over_255(page: str) -> int:
 
 def fixed_kernels(workdir: Path) -> Path:
     """``_kernels.so`` built from the generated history's good end (v0.27.0)."""
-    history = generate(workdir / "repo")
+    history = generate(workdir / "repo", commits=60)  # the smallest history allowed
     tree = workdir / "tree"
     subprocess.run(
         ["git", "-C", str(history.repo), "worktree", "add", "-q", str(tree), history.good_tag],
@@ -170,38 +213,85 @@ def fixed_kernels(workdir: Path) -> Path:
     return run_build(tree)
 
 
+def target_setup(target: str, r: recipe_mod.Recipe, workdir: Path) -> tuple[Path, dict[str, str]]:
+    """The kernels and environment of one target (see the module docstring)."""
+    env = dict(r.runtime.env)
+    if target == "bug":
+        return ensure_pinned_build(), env
+    if target == "positive":
+        env[r.probe.invariance_env] = "0"  # what ControlsRunner does
+    return fixed_kernels(workdir), env
+
+
+def measure(
+    target: str,
+    load: str,
+    r: recipe_mod.Recipe,
+    lifetimes: int,
+    workdir: Path,
+    progress: Callable[[str], None] = lambda _m: None,
+    burn_max_s: float = 900.0,
+) -> Measurement:
+    kernels, env = target_setup(target, r, workdir)
+    results: list[LifetimeResult] = []
+
+    def run_all() -> None:
+        for n in range(lifetimes):
+            res = run_lifetime(kernels, r, env, f"calibrate-{target}-{load}-{n}")
+            results.append(res)
+            progress(
+                f"{target} {load} lifetime {n}: {res.verdict.value} min co-residency "
+                f"{res.min_coresidency} overruns {res.overruns} wall {res.wall_s:.2f}s"
+            )
+
+    if load == "loaded":
+        with cpu_burner(max_s=burn_max_s):
+            run_all()
+    else:
+        run_all()
+    return Measurement(target, load, tuple(results))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bisect_tool.demo.calibrate")
-    parser.add_argument("--lifetimes", type=int, default=20)
+    parser.add_argument("--lifetimes", type=int, default=20, help="per target and load")
     parser.add_argument("--recipe", default="demo")
-    parser.add_argument("--fixed", action="store_true", help="use v0.27.0's kernels")
-    parser.add_argument("--no-invariance", action="store_true", help="unset the switch")
-    parser.add_argument("--jitter-ms", type=float, default=None)
-    parser.add_argument("--prompt-tokens", type=int, default=None)
+    parser.add_argument("--target", choices=[*TARGETS, "all"], default="bug")
+    parser.add_argument("--load", choices=[*LOADS, "both"], default="both")
+    parser.add_argument("--jitter-ms", type=float, default=None, help="override the recipe's")
+    parser.add_argument("--quiet", action="store_true", help="only the summary lines")
+    parser.add_argument("--burn-max-s", type=float, default=900.0,
+                        help="the burner's own deadline (it is stopped sooner, when done)")
     args = parser.parse_args(argv)
-    r = recipe_mod.load(args.recipe).override(
-        "probe", jitter_ms=args.jitter_ms, prompt_tokens=args.prompt_tokens
+    if args.lifetimes < 1:
+        raise SystemExit("calibrate: --lifetimes must be at least 1")
+    try:
+        r = recipe_mod.load(args.recipe).override("probe", jitter_ms=args.jitter_ms)
+    except BisectError as exc:  # the project's error root: a one-line error, no traceback
+        raise SystemExit(f"calibrate: {exc}") from None
+    targets = TARGETS if args.target == "all" else (args.target,)
+    loads = LOADS if args.load == "both" else (args.load,)
+    progress: Callable[[str], None] = (
+        (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     )
-    env = dict(r.runtime.env)
-    if args.no_invariance:
-        env.pop(r.probe.invariance_env, None)
-    with tempfile.TemporaryDirectory(prefix="demo-calibrate-") as tmp:
-        kernels = fixed_kernels(Path(tmp)) if args.fixed else ensure_pinned_build()
-        results = []
-        for n in range(args.lifetimes):
-            res = run_lifetime(kernels, r.probe, env)
-            results.append(res)
-            print(
-                f"lifetime {n}: divergent={res.divergent} distinct={res.distinct_outputs} "
-                f"steps>=256={res.big_steps} wall={res.wall_s:.2f}s",
-                flush=True,
-            )
-    rate = sum(r.divergent for r in results) / len(results)
-    walls = sorted(r.wall_s for r in results)
     print(
-        f"divergent lifetimes: {sum(r.divergent for r in results)}/{len(results)} ({rate:.0%}); "
-        f"median lifetime {walls[len(walls) // 2]:.2f}s"
+        f"recipe {r.name}: jitter {r.probe.jitter_ms} ms, {r.probe.requests}+{r.probe.fillers} "
+        f"requests, {r.probe.repeats} repeats, server {' '.join(r.runtime.server_args)}",
+        flush=True,
     )
+    lines = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="demo-calibrate-") as tmp:
+            for target in targets:
+                for load in loads:
+                    m = measure(target, load, r, args.lifetimes, Path(tmp) / f"{target}-{load}",
+                                progress, args.burn_max_s)
+                    lines.append(m.line())
+                    print(m.line(), flush=True)
+    except BisectError as exc:
+        raise SystemExit(f"calibrate: {exc}") from None
+    if len(lines) > 1:
+        print("\n".join(["summary:", *lines]))
     return 0
 
 

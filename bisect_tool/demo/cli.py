@@ -39,20 +39,31 @@ from bisect_tool.errors import UsageError
     help="Where lifetimes run: processes here, or containers of a demo image derived from "
     "bisect-base:bookworm (scripts/docker-up.sh makes it).",
 )
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write report.md and posterior.png here (default: ./bisect-demo-out, or "
+    "WORKDIR/bisect-demo-out with --workdir); kept after the run.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the history.")
 @click.option("--commits", type=int, default=300, show_default=True)
 def demo_command(
-    workdir: Path | None, as_json: bool, backend: str, seed: int, commits: int
+    workdir: Path | None, as_json: bool, backend: str, out: Path | None, seed: int, commits: int
 ) -> None:
     """Run the whole pipeline on the built-in demo target (no GPU needed)."""
+    from bisect_tool.demo.summary import DEFAULT_OUT_DIR
+
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="bisect-demo-") as tmp:
-            _run(Path(tmp), as_json, backend, seed, commits)
+            _run(Path(tmp), as_json, backend, seed, commits, out or DEFAULT_OUT_DIR)
     else:
-        _run(workdir, as_json, backend, seed, commits)
+        _run(workdir, as_json, backend, seed, commits, out or workdir / DEFAULT_OUT_DIR)
 
 
-def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) -> None:
+def _run(
+    workdir: Path, as_json: bool, backend: str, seed: int, commits: int, out: Path
+) -> None:
     from bisect_tool import journal as journal_mod
     from bisect_tool.demo import pinned
     from bisect_tool.demo.history import generate
@@ -98,6 +109,7 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
     summary = end.get("summary", {})
     observations = contents.observations
     breakdown = _breakdown(observations, wall)
+    report_path, plot_path, markdown = _write_report(journal_path, out)
     if as_json:
         click.echo(
             json.dumps(
@@ -106,6 +118,10 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
                     "flip_commit": summary.get("flip_commit"),
                     "planted_commit": history.planted_commit,
                     "confidence": summary.get("confidence"),
+                    "p_estimate": summary.get("p_estimate"),
+                    "p_interval": summary.get("p_interval"),
+                    "report": str(report_path),
+                    "plot": str(plot_path) if plot_path else None,
                     "evaluations": len({o["commit"] for o in observations}),
                     "lifetimes": len(observations),
                     "wall_s": round(wall, 2),
@@ -116,9 +132,7 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
             )
         )
         return
-    from bisect_tool.report import render_report
-
-    click.echo(render_report(journal_path, "md"))
+    click.echo(markdown)
     found = summary.get("flip_commit") == history.planted_commit
     click.echo(f"\nplanted fix: {history.planted_commit} -> {'found' if found else 'NOT found'}")
     click.echo(
@@ -126,6 +140,39 @@ def _run(workdir: Path, as_json: bool, backend: str, seed: int, commits: int) ->
         "{probe_s:.1f}s, teardown {teardown_s:.1f}s, search and the rest {other_s:.1f}s; "
         "total / sum of lifetimes = {ratio:.2f}".format(**breakdown)
     )
+    from bisect_tool.demo.summary import DemoOutcome, format_summary
+
+    interval = summary.get("p_interval")
+    click.echo(
+        format_summary(
+            DemoOutcome(
+                found_commit=summary.get("flip_commit"),
+                planted_commit=history.planted_commit,
+                confidence=summary.get("confidence"),
+                p_estimate=summary.get("p_estimate"),
+                p_interval=(float(interval[0]), float(interval[1])) if interval else None,
+                lifetimes=len(observations),
+                wall_s=wall,
+                report_path=report_path,
+                plot_path=plot_path,
+            )
+        ),
+        nl=False,
+    )
+
+
+def _write_report(journal_path: Path, out: Path) -> tuple[Path, Path | None, str]:
+    """The Markdown report and the posterior plot, written under ``out`` (kept after the run)."""
+    from bisect_tool.demo.summary import PLOT_NAME, REPORT_NAME
+    from bisect_tool.report import render_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    plot = (out / PLOT_NAME).resolve()  # absolute: the report links it from wherever it is read
+    plot.unlink(missing_ok=True)  # a stale plot from an earlier run must not be reported
+    markdown = render_report(journal_path, "md", plot)
+    report = out / REPORT_NAME
+    report.write_text(markdown + "\n")
+    return report.resolve(), (plot.resolve() if plot.exists() else None), markdown
 
 
 def write_recipe(path: Path, cache_dir: Path, *, image: str = "") -> Path:
@@ -152,6 +199,9 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "") -> Path:
         )
         if n != 1:
             raise UsageError("the bundled demo recipe has no [runtime] backend line to switch")
+        # The recipe's "GPU" ids only bound how many local lifetimes run at once; Docker would
+        # ask its (absent) GPU driver for them. Containers run one lifetime at a time.
+        text = re.sub(r"(?m)^gpus = .*$", "gpus = []", text)
     path.write_text(text)
     recipe_mod.load(str(path))  # validate before anything starts
     return path

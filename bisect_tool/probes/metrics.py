@@ -172,6 +172,9 @@ def parse(text: str, only: str | None = None) -> Scrape:
     }
     return Scrape(values, histograms)
 
+# demollm's device clock: engine steps whose compute outlasted their modelled time (a counter).
+STEP_OVERRUNS = "demollm:step_overruns_total"
+
 
 def gauge_sum(text: str, name: str = RUNNING) -> float | None:
     """The sum of ``name`` over all its label sets (one per engine/model), None when absent or

@@ -72,6 +72,8 @@ def render_server_detail(detail: Mapping[str, Any]) -> str:
         ("target co-residency", d.get("target_coresidency") or "none (sequential)"),
         ("repeats redone", d.get("redone_repeats")),
     ]
+    if d.get("step_overruns"):
+        rows.append(("ran slower than modelled", f"{d['step_overruns']} engine steps overran"))
     if d.get("gate_reason"):
         rows.append(("gated", d["gate_reason"]))
     return _table(["", "value"], rows)

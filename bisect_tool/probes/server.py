@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import secrets
 import ssl
 import threading
 import time
@@ -37,6 +38,7 @@ from bisect_tool.probes.compare import (
     parse_completion,
 )
 from bisect_tool.probes.metrics import (
+    STEP_OVERRUNS,
     MetricsFormatError,
     Scrape,
     StepBucket,
@@ -194,6 +196,10 @@ class ServerDeterminismProbe:
     ``http_client`` is used for the completions when given (its connection limit must allow
     M+F connections, or the batch cannot form); by default a client sized to the workload is
     made per run. ``sequential`` submits one request at a time: the negative control.
+    ``rng_seed`` seeds the arrival jitter; by default each run draws a fresh one (kept in the
+    detail as ``jitter_seed``), so lifetimes are independent draws of the workload, which is
+    what the search's per-lifetime rate p assumes. One seed for every lifetime would leave only
+    the machine's timing noise to tell lifetimes apart, and p would be the machine's.
     """
 
     def __init__(
@@ -201,7 +207,7 @@ class ServerDeterminismProbe:
         settings: ProbeSettings,
         http_client: httpx.AsyncClient | None = None,
         model: str | None = None,
-        rng_seed: int = 0,
+        rng_seed: int | None = None,
         sequential: bool = False,
         max_attempts: int = 3,
         poll_interval_s: float = 0.02,
@@ -211,6 +217,7 @@ class ServerDeterminismProbe:
         self.http_client = http_client
         self.model = model
         self.rng_seed = rng_seed
+        self._jitter_seed = 0 if rng_seed is None else rng_seed
         self.sequential = sequential
         self.max_attempts = max_attempts
         self.poll_interval_s = poll_interval_s
@@ -233,6 +240,7 @@ class ServerDeterminismProbe:
         started = time.monotonic()
         url = server.url.rstrip("/")
         s = self.settings
+        self._jitter_seed = secrets.randbits(32) if self.rng_seed is None else self.rng_seed
         detail: dict[str, Any] = {
             "url": url,
             "lifetime_id": server.lifetime_id,
@@ -243,6 +251,7 @@ class ServerDeterminismProbe:
             "max_tokens": s.max_tokens,
             "logprobs": s.logprobs,
             "jitter_ms": 0.0 if self.sequential else s.jitter_ms,
+            "jitter_seed": self._jitter_seed,
             "target_coresidency": self.target,
             "redone_repeats": 0,
             "redo_reasons": [],
@@ -319,7 +328,24 @@ class ServerDeterminismProbe:
         seen = [b for b in steps if b is not None]
         detail["max_step_tokens"] = _step_detail(max(seen, key=lambda b: b.at_most, default=None))
         detail["metrics_samples"] = monitor.samples
-        return decide(comparison, peaks, self.target)
+        detail["step_overruns"] = await self._overruns(client, url)
+        verdict, message = decide(comparison, peaks, self.target)
+        if detail["step_overruns"]:
+            message += (
+                f"; the lifetime ran slower than modelled ({detail['step_overruns']} engine steps "
+                "overran their modelled time: how steps formed depended on this machine's speed)"
+            )
+        return verdict, message
+
+    async def _overruns(self, client: httpx.AsyncClient, url: str) -> int | None:
+        """Steps the server says overran its modelled device time (demollm's clock), or None
+        when it does not say (vLLM: its steps take what the GPU takes)."""
+        try:
+            resp = await client.get(url + "/metrics", timeout=10.0)
+        except httpx.HTTPError:
+            return None
+        value = gauge_sum(resp.text, STEP_OVERRUNS) if resp.status_code == 200 else None
+        return None if value is None else int(value)
 
     async def _attempts(
         self,
@@ -366,7 +392,7 @@ class ServerDeterminismProbe:
         # Seeded, and different per repeat and attempt: the jitter varies how engine steps
         # form, which is what exposes the bug on a fast GPU that would otherwise admit the
         # whole burst in one step every time.
-        seed = f"bisect-jitter:{self.settings.seed}:{self.rng_seed}:{label}:{attempt}"
+        seed = f"bisect-jitter:{self.settings.seed}:{self._jitter_seed}:{label}:{attempt}"
         rng = random.Random(seed)
         high = self.settings.jitter_ms / 1000.0
         return [rng.uniform(0.0, high) for _ in range(self.workload.size)]

@@ -5,6 +5,14 @@ Each step schedules one decode token for every running request, then admits wait
 the model once over all the step's tokens. So the size of a step, and with it the RMSNorm launch
 size, depends on when requests arrive: the same workload forms different steps in different
 repeats.
+
+Each step also lasts a modelled time on a modelled device (``DeviceTiming``: a launch overhead
+plus a cost per token, like a GPU step), the loop sleeping out whatever the CPU did not use, and
+a step admits the requests that arrived before it started on that device's clock. How steps
+form then depends on when requests arrive against that clock, not on how fast this CPU is or
+what else runs on it. A step whose compute outlasts its modelled time is an overrun: counted
+and exposed in /metrics, so a probe can say that the lifetime ran slower than modelled (its
+answers came late, and arrival times taken by starved HTTP threads are noisier).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -53,6 +62,31 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
 
 
+@dataclass(frozen=True)
+class DeviceTiming:
+    """How long one engine step lasts on the modelled device.
+
+    The defaults are GPU-like (a fixed launch overhead dominating small steps, a small cost per
+    token) and leave this CPU's compute a wide margin: a 300-token step computes in about 9 ms
+    on one core of the 2-core CI machine and lasts 35 ms here. Zero for both: steps last as long
+    as the CPU takes (no clock, never an overrun).
+    """
+
+    launch_overhead_ms: float = 20.0
+    per_token_ms: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.launch_overhead_ms < 0 or self.per_token_ms < 0:
+            raise ValueError("step times must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.launch_overhead_ms > 0 or self.per_token_ms > 0
+
+    def step_seconds(self, tokens: int) -> float:
+        return (self.launch_overhead_ms + self.per_token_ms * tokens) / 1000.0
+
+
 # Bucket bounds of vllm:iteration_tokens_total (tokens per engine step).
 STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 255, 256, 512, 1024, 2048, 4096)
 
@@ -70,7 +104,9 @@ class LLMEngine:
         self.bucket_counts = [0] * (len(STEP_BUCKETS) + 1)
         self._ids = itertools.count()
 
-    def make_request(self, prompt: list[int], max_tokens: int, logprobs: int = 0) -> Request:
+    def make_request(
+        self, prompt: list[int], max_tokens: int, logprobs: int = 0, arrival: float | None = None
+    ) -> Request:
         vocab = self.model.config.vocab_size
         if not prompt:
             raise RequestError("prompt must be a non-empty list of token ids")
@@ -95,7 +131,10 @@ class LLMEngine:
             )
         if not 0 <= logprobs <= 20:
             raise RequestError("logprobs must be between 0 and 20")
-        return Request(f"cmpl-{next(self._ids)}", list(prompt), max_tokens, logprobs)
+        request = Request(f"cmpl-{next(self._ids)}", list(prompt), max_tokens, logprobs)
+        if arrival is not None:
+            request.arrival = arrival
+        return request
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -103,14 +142,20 @@ class LLMEngine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def step(self) -> list[Request]:
-        """One engine step; returns the requests that finished in it."""
+    def step(self, admit_until: float | None = None) -> list[Request]:
+        """One engine step; returns the requests that finished in it.
+
+        ``admit_until``: only requests that arrived by then (``time.monotonic()``) may join, the
+        start of this step on the device clock (``EngineLoop``); None admits all waiting ones.
+        """
         scheduled: list[Request] = list(self.running)
         budget = self.config.max_num_batched_tokens - len(scheduled)
         admitted: list[Request] = []
         while self.waiting and len(scheduled) + len(admitted) < self.config.max_num_seqs:
             request = self.waiting[0]
             if len(request.prompt) > budget:
+                break
+            if admit_until is not None and request.arrival > admit_until:
                 break
             self.waiting.popleft()
             budget -= len(request.prompt)
@@ -154,10 +199,30 @@ def _sample(logprobs: np.ndarray, k: int) -> TokenOutput:
 
 
 class EngineLoop:
-    """The engine on its own thread: HTTP threads submit, the loop steps while there is work."""
+    """The engine on its own thread: HTTP threads submit, the loop steps while there is work.
 
-    def __init__(self, engine: LLMEngine) -> None:
+    Every step lasts ``timing.step_seconds(tokens)`` on the device clock ``device_t``: a step
+    starts where the previous one ended (or, on an idle device, when the first waiting request
+    arrived) and admits the requests that arrived by its start. The loop sleeps out what the
+    compute did not use before it hands the step's finished requests back (a GPU step's outputs
+    exist at its end). A step whose compute took longer than modelled is counted in ``overruns``
+    (and ``overrun_s``); the device clock does not stretch with it, so a late step still admits
+    only what arrived by its modelled start, and the batches form as on a CPU that kept up.
+    """
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        timing: DeviceTiming | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.engine = engine
+        self.timing = timing if timing is not None else DeviceTiming()
+        self._clock, self._sleep = clock, sleep  # injectable: tests run the clock on model time
+        self.overruns = 0  # steps whose compute outlasted their modelled time
+        self.overrun_s = 0.0  # by how much, in total
+        self.device_t: float | None = None  # the device clock: when its next step starts
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
         self._pending: set[Request] = set()  # submitted, not finished (failed if the engine dies)
@@ -203,7 +268,13 @@ class EngineLoop:
                     for request in self._incoming:
                         self.engine.add_request(request)
                     self._incoming.clear()
-                for request in self.engine.step():
+                    if self.timing.enabled:
+                        # First come, first served by arrival: an HTTP thread may hand over a
+                        # request after one that arrived later. One assignment (metrics read it).
+                        self.engine.waiting = deque(
+                            sorted(self.engine.waiting, key=lambda r: r.arrival)
+                        )
+                for request in self.timed_step():
                     with self._cond:
                         self._pending.discard(request)
                     request.future.set_result(request)
@@ -216,3 +287,36 @@ class EngineLoop:
             for request in pending:
                 if not request.future.done():
                     request.future.set_exception(RuntimeError(f"engine is dead: {exc!r}"))
+
+    def timed_step(self) -> list[Request]:
+        """One engine step on the device clock (the loop thread calls it; tests may too)."""
+        engine = self.engine
+        if not self.timing.enabled:
+            return engine.step()
+        if not engine.running:  # an idle device starts when the first waiting request arrived
+            first = engine.waiting[0].arrival
+            self.device_t = first if self.device_t is None else max(self.device_t, first)
+        assert self.device_t is not None
+        start = self.device_t
+        wall, cpu = self._clock(), time.thread_time()
+        steps = engine.steps
+        finished = engine.step(admit_until=start)
+        if engine.steps == steps:
+            return finished
+        modelled = self.timing.step_seconds(engine.step_sizes[-1])
+        used = self._clock() - wall
+        if used > modelled:
+            self.overruns += 1
+            self.overrun_s += used - modelled
+            # This thread's CPU time against the wall time tells a slow CPU from a busy one
+            # (time spent waiting for a core or for the GIL).
+            logger.info(
+                "step %d (%d tokens) overran its modelled time: %.2f ms (%.2f ms on this "
+                "thread's CPU), %.2f ms modelled", engine.steps, engine.step_sizes[-1],
+                used * 1e3, (time.thread_time() - cpu) * 1e3, modelled * 1e3,
+            )
+        self.device_t = start + modelled
+        delay = self.device_t - self._clock()
+        if delay > 0:
+            self._sleep(delay)
+        return finished

@@ -9,6 +9,14 @@ Batch invariance: every computation on a row is done row by row (matrix-vector p
 call per row: numpy's matrix-matrix path rounds a row differently depending on its position in
 the tile) or per request (the running means), or with correctly rounded elementwise operations.
 The only exception is the compiled RMSNorm, which sees the whole step at once.
+
+That holds in batch-invariant mode (``VLLM_BATCH_INVARIANT=1``, ``ModelConfig.batch_invariant``).
+With the switch off the layers' matmuls behave like cuBLAS's do without vLLM's batch-invariant
+kernels: a launch of fewer than ``SPLIT_K_BELOW`` tokens splits the reduction over the hidden
+dimension in two and adds the halves (split-K, which small launches get for parallelism), so a
+row's rounding depends on how many tokens share its step at almost every step size, not only
+across 256. That is what vLLM's positive control relies on: with the switch off the engine is
+visibly not batch-invariant, whatever the planted kernel does.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ class ModelConfig:
     logit_scale: float = 4.0  # standard deviation of the logits, in nats
     max_model_len: int = 1024
     seed: int = 0
+    batch_invariant: bool = True  # the matmuls' mode (the kernels read the switch themselves)
+
+
+# Below this many tokens in a step, a non-batch-invariant matmul splits K (see the docstring).
+SPLIT_K_BELOW = 64
 
 
 @dataclass
@@ -87,8 +100,14 @@ class DemoModel:
                 counts = np.arange(seg.count + 1, seg.count + 1 + end - start, dtype=np.float32)
                 mixed[start:end] = h[start:end] + self._alpha * (sums / counts[:, None])
                 seg.sums[layer] = sums[-1].copy()
-            for row in range(len(tokens)):
-                np.dot(mixed[row], weight, out=y[row])
+            if self.config.batch_invariant or len(tokens) >= SPLIT_K_BELOW:
+                for row in range(len(tokens)):
+                    np.dot(mixed[row], weight, out=y[row])
+            else:
+                k = self.config.hidden_size // 2
+                for row in range(len(tokens)):
+                    np.add(np.dot(mixed[row, :k], weight[:k]), np.dot(mixed[row, k:], weight[k:]),
+                           out=y[row])
             np.maximum(y, np.float32(0.0), out=y)
             self.kernels.fused_add_rms_norm(y, residual, self.norms[layer + 1], self._eps)
             h, y = y, h

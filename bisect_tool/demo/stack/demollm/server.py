@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -22,6 +23,7 @@ from demollm import __version__
 from demollm._custom_ops import Kernels, KernelsUnavailable
 from demollm.engine import (
     STEP_BUCKETS,
+    DeviceTiming,
     EngineLoop,
     LLMEngine,
     Request,
@@ -74,6 +76,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path}", "NotFoundError")
 
     def do_POST(self) -> None:  # noqa: N802 (stdlib's name)
+        arrived = time.monotonic()  # before the body is read and parsed: when it reached us
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         if self.path != "/v1/completions":
@@ -85,7 +88,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             body = json.loads(raw)
-            request = _parse(body, loop.engine, self.server.model_name)
+            request = _parse(body, loop.engine, self.server.model_name, arrived)
         except (ValueError, TypeError, KeyError) as exc:
             self._error(400, str(exc), "BadRequestError")
             return
@@ -98,7 +101,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(_response(done, body, created, self.server.model_name)).encode())
 
 
-def _parse(body: Any, engine: LLMEngine, model_name: str) -> Request:
+def _parse(body: Any, engine: LLMEngine, model_name: str, arrival: float | None = None) -> Request:
     if not isinstance(body, dict):
         raise RequestError("body must be a JSON object")
     model = body.get("model", model_name)
@@ -120,7 +123,7 @@ def _parse(body: Any, engine: LLMEngine, model_name: str) -> Request:
     max_tokens = body.get("max_tokens", 16)
     if not isinstance(max_tokens, int) or not isinstance(logprobs, int):
         raise RequestError("max_tokens and logprobs must be integers")
-    return engine.make_request(prompt, max_tokens, logprobs)
+    return engine.make_request(prompt, max_tokens, logprobs, arrival)
 
 
 def _response(request: Request, body: dict[str, Any], created: int, model: str) -> dict[str, Any]:
@@ -201,12 +204,32 @@ def _metrics(server: ApiServer) -> str:
     lines.append(f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {len(sizes)}')
     lines.append(f"vllm:iteration_tokens_total_count{{{labels}}} {len(sizes)}")
     lines.append(f"vllm:iteration_tokens_total_sum{{{labels}}} {float(sum(sizes))}")
+    # Not a vLLM metric: the demo's device clock (engine.DeviceTiming). Plain counters, so any
+    # Prometheus parser reads them; a probe that sees overruns says the lifetime ran slower than
+    # modelled (its step formation then depended on this CPU's speed).
+    lines += [
+        "# HELP demollm:step_overruns_total Engine steps whose compute outlasted their modelled "
+        "device time.",
+        "# TYPE demollm:step_overruns_total counter",
+        f"demollm:step_overruns_total{{{labels}}} {float(server.loop.overruns)}",
+        "# HELP demollm:step_overrun_seconds_total Seconds by which those steps overran.",
+        "# TYPE demollm:step_overrun_seconds_total counter",
+        f"demollm:step_overrun_seconds_total{{{labels}}} {server.loop.overrun_s:.6f}",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def batch_invariant_from_env() -> bool:
+    """VLLM_BATCH_INVARIANT as the kernels read it (C's atoi: a non-zero integer is on)."""
+    value = os.environ.get("VLLM_BATCH_INVARIANT", "").strip()
+    digits = value[1:] if value[:1] in "+-" else value
+    end = next((i for i, ch in enumerate(digits) if not ch.isdigit()), len(digits))
+    return int(digits[:end] or "0") != 0
 
 
 def build_engine(max_num_seqs: int, max_num_batched_tokens: int, seed: int = 0) -> LLMEngine:
     kernels = Kernels()
-    model = DemoModel(ModelConfig(seed=seed), kernels)
+    model = DemoModel(ModelConfig(seed=seed, batch_invariant=batch_invariant_from_env()), kernels)
     return LLMEngine(model, SchedulerConfig(max_num_seqs, max_num_batched_tokens))
 
 
@@ -218,6 +241,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0, help="seed of the model's weights")
+    defaults = DeviceTiming()
+    parser.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        default=defaults.launch_overhead_ms,
+        help="modelled launch overhead of every engine step (0 with --step-per-token-ms 0: "
+        "steps last as long as the CPU takes)",
+    )
+    parser.add_argument(
+        "--step-per-token-ms",
+        type=float,
+        default=defaults.per_token_ms,
+        help="modelled cost of each token in a step",
+    )
     # Accepted for command-line compatibility with vLLM recipes; the demo has nothing to switch.
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--no-enable-prefix-caching", action="store_true")
@@ -233,11 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     except KernelsUnavailable as exc:
         logger.error("cannot load the compiled ops: %s", exc)
         return 1
+    try:
+        timing = DeviceTiming(args.step_overhead_ms, args.step_per_token_ms)
+    except ValueError as exc:
+        logger.error("bad step timing: %s", exc)
+        return 2
     kernels = engine.model.kernels
     logger.info(
         "Initializing a V1 LLM engine (v%s) with config: model=%r, max_num_seqs=%d, "
         "max_num_batched_tokens=%d, vocab_size=%d, hidden_size=%d, kernels=%s, "
-        "kernels_sha256=%s, rms_norm_block_size(<256 tokens)=%s, (>=256 tokens)=%s",
+        "kernels_sha256=%s, rms_norm_block_size(<256 tokens)=%s, (>=256 tokens)=%s, "
+        "batch_invariant_matmul=%s, step_time=%.3f ms + %.4f ms/token",
         __version__,
         args.model,
         args.max_num_seqs,
@@ -248,8 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         kernels.sha256,
         kernels.block_size(1, engine.model.config.hidden_size),
         kernels.block_size(256, engine.model.config.hidden_size),
+        engine.model.config.batch_invariant,
+        timing.launch_overhead_ms,
+        timing.per_token_ms,
     )
-    loop = EngineLoop(engine)
+    loop = EngineLoop(engine, timing)
     loop.start()
     server = ApiServer((args.host, args.port), loop, args.model)
     host, port = server.server_address[:2]

@@ -1,0 +1,62 @@
+"""The closing lines of `bisect demo`: what a newcomer needs to see at the end (pure).
+
+``format_summary`` takes plain values (no journal, no click), so whichever code runs the demo
+calls it with what it already has; it returns the text and prints nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Where `bisect demo` writes its report and plot by default: relative to the current directory,
+# kept after the run (a temp dir would vanish with the paths we just printed), gitignored.
+DEFAULT_OUT_DIR = Path("bisect-demo-out")
+REPORT_NAME = "report.md"
+PLOT_NAME = "posterior.png"
+
+
+@dataclass(frozen=True)
+class DemoOutcome:
+    """What the summary shows; every field is a plain value (None: unknown or not written)."""
+
+    found_commit: str | None  # the flip commit the search settled on
+    planted_commit: str  # the fix the demo history planted
+    confidence: float | None  # posterior mass of the found commit, 0..1
+    p_estimate: float | None  # median of the bad side's divergence rate
+    p_interval: tuple[float, float] | None  # its 90% credible interval
+    lifetimes: int  # lifetimes the search observed (the controls' own lifetime not counted)
+    wall_s: float  # the bisect run's wall time
+    report_path: Path | str | None
+    plot_path: Path | str | None
+
+
+def format_summary(outcome: DemoOutcome) -> str:
+    """A short, aligned block for the end of the demo's output, ending in a newline."""
+    o = outcome
+    if o.found_commit is None:
+        found = f"none (planted fix {o.planted_commit[:12]} not found)"
+    elif o.found_commit == o.planted_commit:
+        found = f"{o.found_commit[:12]} = the planted fix"
+    else:
+        found = f"{o.found_commit[:12]}, NOT the planted fix {o.planted_commit[:12]}"
+    if o.p_estimate is None:
+        rate = "unknown"
+    elif o.p_interval is None:
+        rate = f"{o.p_estimate:.2f}"
+    else:
+        lo, hi = o.p_interval
+        rate = f"{o.p_estimate:.2f} (90% credible interval {lo:.2f} to {hi:.2f})"
+    rows = [
+        ("found commit", found),
+        ("confidence", "unknown" if o.confidence is None else f"{o.confidence:.2%}"),
+        ("estimated p", rate + " (chance a pre-fix lifetime shows the bug)"),
+        ("lifetimes", f"{o.lifetimes} (plus the controls' lifetime)"),
+        ("wall time", f"{o.wall_s:.1f} s"),
+        ("report", str(o.report_path) if o.report_path else "not written"),
+        ("plot", str(o.plot_path) if o.plot_path else "not written (needs matplotlib)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = ["", "bisect demo summary"]
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines) + "\n"

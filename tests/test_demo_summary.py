@@ -1,0 +1,88 @@
+"""The demo's closing summary (pure) and the calibration helpers it reports with."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from bisect_tool.demo.calibrate import cpu_burner, wilson
+from bisect_tool.demo.summary import DemoOutcome, format_summary
+
+PLANTED = "48690ce925ed6f4cd2089f242b69f975d2516aa9"
+
+
+def outcome(**changes: object) -> DemoOutcome:
+    values: dict[str, object] = dict(
+        found_commit=PLANTED, planted_commit=PLANTED, confidence=0.9993, p_estimate=0.52,
+        p_interval=(0.41, 0.63), lifetimes=47, wall_s=63.84,
+        report_path=Path("bisect-demo-out/report.md"),
+        plot_path=Path("bisect-demo-out/posterior.png"),
+    )
+    values.update(changes)
+    return DemoOutcome(**values)  # type: ignore[arg-type]
+
+
+def test_summary_names_commit_confidence_p_lifetimes_and_where_the_files_are() -> None:
+    text = format_summary(outcome())
+    lines = text.strip().splitlines()
+    assert lines[0] == "bisect demo summary"
+    assert "48690ce925ed = the planted fix" in text
+    assert "99.93%" in text
+    assert "0.52 (90% credible interval 0.41 to 0.63)" in text
+    assert "47 (plus the controls' lifetime)" in text
+    assert "bisect-demo-out/report.md" in text and "bisect-demo-out/posterior.png" in text
+    assert "63.8 s" in text
+
+
+def test_summary_says_plainly_when_the_answer_is_wrong_or_missing() -> None:
+    assert "NOT the planted fix 48690ce925ed" in format_summary(outcome(found_commit="ab" * 20))
+    text = format_summary(outcome(found_commit=None, confidence=None, p_estimate=None,
+                                  plot_path=None))
+    assert "none (planted fix 48690ce925ed not found)" in text
+    assert "unknown" in text
+    assert "not written (needs matplotlib)" in text
+
+
+@pytest.mark.parametrize(("k", "n", "lo", "hi"), [
+    (0, 20, 0.0, 0.161), (20, 20, 0.839, 1.0), (10, 20, 0.299, 0.701), (0, 0, 0.0, 1.0),
+])
+def test_wilson_interval_matches_the_textbook_values(k: int, n: int, lo: float, hi: float) -> None:
+    got = wilson(k, n)
+    assert got == pytest.approx((lo, hi), abs=1e-3)
+
+
+def test_cpu_burner_keeps_one_process_per_core_and_stops_them_all() -> None:
+    with cpu_burner(max_s=60) as n:
+        children = _children()
+        assert n == (os.cpu_count() or 1) and len(children) >= n
+    deadline = time.monotonic() + 10  # a loop bound, not an assertion on speed
+    while _alive(children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(children)
+
+
+def _children() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == me:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            return True
+    return False
