@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -76,26 +77,64 @@ def _progress(message: str) -> None:
     click.echo(message, err=True)
 
 
+def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Hold the state dir's lock for the whole command (one bisect per state dir; see
+    statelock.py). ``create=False``: a command that needs an existing session runs unlocked
+    when there is no state dir at all, and says so itself."""
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def command(*args: object, **kwargs: object) -> None:
+            from bisect_tool import statelock
+
+            path = _state_dir(kwargs["repo"], kwargs["state_dir"])  # type: ignore[arg-type]
+            if not create and not path.is_dir():
+                return fn(*args, **kwargs)
+            with statelock.hold(path, fn.__name__, notice=_progress):
+                return fn(*args, **kwargs)
+
+        return command
+
+    return wrap
+
+
 @cli.command()
 @click.option("--good", required=True, help="A commit with the good behaviour (tag, branch, SHA).")
 @click.option("--bad", required=True, help="A commit with the bad behaviour.")
 @click.option("--recipe", "recipe_name", default=None, help="Bundled recipe name or TOML path.")
 @click.option("--run", "run_command", default=None, help="Generic probe, like `git bisect run`.")
-@click.option("--run-timeout", type=float, default=0.0, help="Seconds before --run aborts.")
+@click.option(
+    "--run-timeout", type=click.FloatRange(min=0), default=0.0, help="Seconds before --run aborts."
+)
 @click.option("--path", "paths", multiple=True, help="Only commits touching these paths.")
-@click.option("--confidence", type=float, default=None, help="Stop at this posterior mass.")
-@click.option("--max-evaluations", type=int, default=None, help="Budget of lifetimes.")
+@click.option(
+    "--confidence",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=None,
+    help="Stop at this posterior mass.",
+)
+@click.option(
+    "--max-evaluations", type=click.IntRange(min=1), default=None, help="Budget of lifetimes."
+)
 @click.option("--backend", type=click.Choice(["local", "docker", "ray"]), default=None)
 @click.option("--ray-address", default=None, help="Ray cluster for --backend ray (HOST:PORT).")
 @click.option("--gpus", default=None, help="GPUs for lifetimes, e.g. 0,1,2,3.")
 @click.option("--python", "python_exe", default=None, help="Interpreter of the pinned stack.")
 @click.option("--pinned-dir", default=None, help="Directory holding the pinned package.")
 @click.option("--model", default=None, help="Model path or name for the server.")
-@click.option("--cost-new", type=float, default=None, help="Cost of a new candidate.")
-@click.option("--cost-lifetime", type=float, default=None, help="Cost of another lifetime.")
+@click.option(
+    "--cost-new", type=click.FloatRange(min=0), default=None, help="Cost of a new candidate."
+)
+@click.option(
+    "--cost-lifetime",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="Cost of another lifetime.",
+)
 @click.option("--no-controls", is_flag=True, help="Skip the positive/negative controls.")
 @repo_option
 @state_option
+@_state_locked()
 def start(
     good: str,
     bad: str,
@@ -122,6 +161,7 @@ def start(
     from bisect_tool import session
     from bisect_tool.range import resolve_range
 
+    _check_run_command(run_command)
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
     if recipe_obj is not None:
         recipe_obj = recipe_obj.override(
@@ -170,6 +210,7 @@ def start(
     )
     header["run_command"] = run_command or ""
     header["run_timeout"] = run_timeout
+    header["repo_url"] = _link_base(repo)
     journal_mod.create(journal_path, header)
     click.echo(
         f"bisecting {len(commit_range.candidates)} candidates ({commit_range.direction}: "
@@ -178,6 +219,40 @@ def start(
         err=True,
     )
     _continue(repo, state_dir)
+
+
+def _check_run_command(run_command: str | None) -> None:
+    """``--run ""`` is a mistake, not manual mode; a literal secret would reach the journal."""
+    from bisect_tool import redact
+
+    if run_command is not None and not run_command.strip():
+        raise UsageError(
+            "--run needs a command (e.g. --run ./probe.sh); leave --run out for manual mode"
+        )
+    secret = redact.literal_secret(run_command or "")
+    if secret:
+        raise UsageError(
+            f"--run holds {secret} written out; export it and refer to it as $NAME, so it "
+            "stays out of the journal and the report"
+        )
+
+
+def _link_base(repo: Path) -> str:
+    from bisect_tool.remote import clone_link_base
+
+    return clone_link_base(repo)
+
+
+def _end_leftovers(repo: Path, state_dir: Path, session_id: str) -> int:
+    """End what a killed run left running (probe process groups, worktrees); say how many."""
+    from bisect_tool.children import end_all
+    from bisect_tool.worktrees import remove_stale_worktrees
+
+    ended = end_all(state_dir, session_id)
+    if ended:
+        _progress(f"ended {ended} process group(s) left running by a killed run")
+    remove_stale_worktrees(repo)
+    return ended
 
 
 def _search_overrides(*values: float | int | None) -> dict[str, object]:
@@ -207,10 +282,16 @@ def _continue(repo: Path, state_dir: Path | None) -> None:
             click.echo("judge it with `bisect good|bad|skip` (it defaults to this commit)")
         return
     tags = {c.sha: c.tags for c in state.candidates}
+    _end_leftovers(Path(header["repo"]), journal_path.parent, str(header.get("session", "")))
     with journal_mod.Journal(journal_path) as journal, signals.sigterm_raises():
         if mode == "run":
             run_evaluator = RunCommandEvaluator(
-                Path(header["repo"]), header["run_command"], float(header.get("run_timeout") or 0)
+                Path(header["repo"]),
+                header["run_command"],
+                float(header.get("run_timeout") or 0),
+                state_dir=journal_path.parent,
+                session=str(header.get("session", "")),
+                progress=_progress,
             )
             summary = session.Loop(journal, state, run_evaluator, progress=_progress).run()
         else:
@@ -280,6 +361,7 @@ def _print_outcome(summary: dict[str, object], state: object) -> None:
 @cli.command()
 @repo_option
 @state_option
+@_state_locked(create=False)
 def resume(repo: Path, state_dir: Path | None) -> None:
     """Continue a bisect from its journal (after a crash or Ctrl-C)."""
     _continue(repo, state_dir)
@@ -299,7 +381,7 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(f"state: {summary['state']} ({summary['direction']})")
+    click.echo(f"state: {_liveness(summary['state'], repo, state_dir)} ({summary['direction']})")
     flip = summary["flip_commit"] or ", ".join(str(s)[:12] for s in summary["flip_block"])
     click.echo(f"top candidate: {flip} at {summary['confidence']:.1%}")
     click.echo(f"90% credible set: {len(summary['credible_set'])} commits")
@@ -307,6 +389,22 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
         f"lifetimes: {summary['evaluations']} over {summary['candidates_tested']} of "
         f"{summary['candidates']} candidates; p ~ {summary['p_estimate']:.2f}"
     )
+
+
+def _liveness(state: str, repo: Path, state_dir: Path | None) -> str:
+    """"running" only while a process holds the state dir; a killed run says it stopped."""
+    from bisect_tool import statelock
+
+    if state != "running":
+        return state
+    path = _state_dir(repo, state_dir)
+    contents = journal_mod.read(path / JOURNAL_NAME)
+    if contents.header.get("mode", "manual") == "manual":
+        return "running (manual: judge the next candidate with `bisect good|bad|skip`)"
+    holder = statelock.live_holder(path)
+    if holder is not None:
+        return f"running ({holder.describe()})"
+    return "stopped (no process is running it; `bisect resume` continues it)"
 
 
 @cli.command()
@@ -387,6 +485,7 @@ for _name, _verdict, _help in (
 ):
 
     def _make(verdict: Verdict = _verdict) -> Callable[..., None]:
+        @_state_locked(create=False)
         def command(ref: str | None, repo: Path, state_dir: Path | None) -> None:
             _manual(verdict, ref, repo, state_dir)
 
@@ -400,6 +499,7 @@ for _name, _verdict, _help in (
 @cli.command()
 @repo_option
 @state_option
+@_state_locked(create=False)
 def reset(repo: Path, state_dir: Path | None) -> None:
     """End the bisect: remove its state and any container or process left by a crash."""
     import shutil
@@ -413,6 +513,7 @@ def reset(repo: Path, state_dir: Path | None) -> None:
             session_id = str(journal_mod.read(journal_path).header.get("session", ""))
         except StateError:
             session_id = ""
+    ended = _end_leftovers(repo, path, session_id) if path.exists() else 0
     # Only this bisect's leftovers: another bisect may be running on this host (another repo or
     # state dir) and its lifetimes must survive our reset.
     if session_id:
@@ -429,7 +530,11 @@ def reset(repo: Path, state_dir: Path | None) -> None:
                 continue
     if path.exists():
         shutil.rmtree(path)
-        click.echo(f"removed {path}" + (f" and {removed} leftover lifetimes" if removed else ""))
+        click.echo(
+            f"removed {path}"
+            + (f" and {removed} leftover lifetimes" if removed else "")
+            + (f"; ended {ended} leftover probe process group(s)" if ended else "")
+        )
     else:
         click.echo("no bisect in progress")
 
@@ -453,15 +558,26 @@ def report(
 
 
 def render_report(journal_path: Path, fmt: str = "md", plot: Path | None = None) -> str:
+    from bisect_tool import redact, session
     from bisect_tool import report as report_mod
-    from bisect_tool import session
 
     contents = journal_mod.read(journal_path)
     built = report_mod.build_report(contents, session.replay(contents).search_state())
     if fmt == "json":
-        return report_mod.render_json(built)
-    written = report_mod.plot_posterior(built, plot) if plot is not None else None
-    return report_mod.render_markdown(built, plot=written)
+        return redact.text(report_mod.render_json(built))
+    written = _plot(report_mod, built, plot) if plot is not None else None
+    # The journal is redacted when written; this also covers one written before that.
+    return redact.text(report_mod.render_markdown(built, plot=written))
+
+
+def _plot(report_mod: object, built: dict[str, object], plot: Path) -> Path | None:
+    try:
+        return report_mod.plot_posterior(built, plot)  # type: ignore[attr-defined]
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the plot to {plot} ({exc.strerror or exc}); give --plot a path "
+            "in a folder you can write"
+        ) from None
 
 
 cli.add_command(artifacts_group)
@@ -480,6 +596,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("bisect: interrupted; `bisect resume` continues where it stopped", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        # One line, like every other error: the bad flag and its allowed range.
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        click.echo(f"bisect: {exc.format_message()}{hint}", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
