@@ -18,9 +18,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from bisect_tool import redact
 from bisect_tool.errors import IncompatibleExtension, InfrastructureError, RecipeError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
 from bisect_tool.recipe import RuntimeSettings
@@ -34,13 +36,13 @@ from bisect_tool.runtime.common import (
     ServerExited,
     boot_failed,
     free_port,
-    open_log,
     port_taken,
     signals_deferred,
     sigterm_raises,
     tail,
     wait_healthy,
 )
+from bisect_tool.runtime.logpump import open_pump
 from bisect_tool.runtime.overlay import OVERLAY_PREFIX, overlay, safe_name, split_swap_path
 
 PORT_ATTEMPTS = 3
@@ -50,10 +52,12 @@ class _Server:
     """One child process group; the leader is never reaped before the group is killed, so its
     pid (= the group id) cannot be reused by an unrelated process while we signal the group."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], pump: Any = None, log: Any = None) -> None:
         self.proc = proc
         self._lock = threading.Lock()
         self._stopped = False
+        self._pump = pump  # the redacting copy of its output into the log (logpump.py)
+        self._log = log
 
     def exit_status(self) -> str | None:
         if self._stopped:
@@ -84,6 +88,9 @@ class _Server:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+            if self._pump is not None:  # its last words are in the log before anyone reads it
+                self._pump.drain()
+                self._log.close()
             self._stopped = True
 
 
@@ -198,25 +205,29 @@ class LocalBackend:
                 for attempt in range(1, PORT_ATTEMPTS + 1):
                     port = free_port()
                     cmd = self._command(port)
-                    with open_log(log_path) as log:
-                        start = log.tell()
-                        header = f"== bisect lifetime {spec.lifetime_id} port {port}: {cmd}\n"
-                        log.write(header.encode())
-                        try:
-                            proc = subprocess.Popen(
-                                cmd,
-                                stdout=log,
-                                stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL,
-                                start_new_session=True,
-                                cwd=root,
-                                env=self._env(spec, root),
-                            )
-                        except OSError as exc:
-                            raise InfrastructureError(
-                                f"cannot start {cmd[0]}: {exc}; set [runtime] python"
-                            ) from None
-                    server = _Server(proc)
+                    log, pump = open_pump(log_path)
+                    start = log.tell()
+                    header = f"== bisect lifetime {spec.lifetime_id} port {port}: {cmd}\n"
+                    log.write(redact.text(header).encode())
+                    try:
+                        proc = subprocess.Popen(
+                            cmd,
+                            stdout=pump.fd,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            cwd=root,
+                            env=self._env(spec, root),
+                        )
+                    except OSError as exc:
+                        pump.child_started()
+                        pump.drain()
+                        log.close()
+                        raise InfrastructureError(
+                            f"cannot start {cmd[0]}: {exc}; set [runtime] python"
+                        ) from None
+                    pump.child_started()
+                    server = _Server(proc, pump, log)
                     with self._lock:
                         self._live[spec.lifetime_id] = server
                     url = f"http://{LOOPBACK}:{port}"
