@@ -29,6 +29,7 @@ from bisect_tool.journal import JournalContents
 from bisect_tool.probes.render import render_op_detail, render_server_detail
 
 REPORT_VERSION = 1
+DEFAULT_REPO_URL = "https://github.com/vllm-project/vllm"
 SHORT = 7
 _PR_IN_SUBJECT = re.compile(r"\s*\(#(\d+)\)\s*$")
 _CREDIBLE_SHOWN = 8  # credible-set commits listed inline in a one-liner before "and N more"
@@ -61,11 +62,16 @@ def build_report(
     contents: JournalContents,
     state: SearchState,
     *,
-    repo_url: str = "https://github.com/vllm-project/vllm",
+    repo_url: str | None = None,
 ) -> dict[str, Any]:
-    """Everything the Markdown shows, as plain JSON values."""
-    repo_url = repo_url.rstrip("/")
+    """Everything the Markdown shows, as plain JSON values.
+
+    Links go to ``repo_url``, else the header's ``repo_url`` (the clone's own GitHub vLLM remote,
+    recorded at start; "" = no links), else vLLM's repository (journals from before that key)."""
     header = contents.header
+    if repo_url is None:
+        repo_url = str(header.get("repo_url", DEFAULT_REPO_URL))
+    repo_url = repo_url.rstrip("/")
     raw_candidates = header.get("candidates") or []
     if not raw_candidates:
         raise StateError("the journal header lists no candidates; the session never started")
@@ -118,7 +124,9 @@ def build_report(
             "new_end": commits[last]["sha"],
             "good_end_index": good_end,
             "bad_end_index": bad_end,
-            "compare_url": f"{repo_url}/compare/{commits[0]['sha']}...{commits[last]['sha']}",
+            "compare_url": f"{repo_url}/compare/{commits[0]['sha']}...{commits[last]['sha']}"
+            if repo_url
+            else None,
         },
         "environment": _environment(contents),
         "recipe": _recipe_summary(recipe),
@@ -130,6 +138,7 @@ def build_report(
         "posterior": [_num(x) or 0.0 for x in state.posterior],
         "commits": [{k: c[k] for k in ("sha", "short", "subject", "pr")} for c in commits],
         "reproduce": _command(header.get("command")),
+        "run_command": header.get("run_command") or None,
         "plot": None,
     }
 
@@ -187,8 +196,8 @@ def _commit(raw: Mapping[str, Any], index: int, repo_url: str) -> dict[str, Any]
         "subject": subject.strip(),
         "pr": pr_number,
         "tags": list(raw.get("tags") or []),
-        "commit_url": f"{repo_url}/commit/{sha}",
-        "pr_url": f"{repo_url}/pull/{pr_number}" if pr_number is not None else None,
+        "commit_url": f"{repo_url}/commit/{sha}" if repo_url else None,
+        "pr_url": f"{repo_url}/pull/{pr_number}" if pr_number is not None and repo_url else None,
     }
 
 
@@ -462,12 +471,16 @@ def _f2(x: float | None) -> str:
 
 
 def _link(c: Mapping[str, Any], with_subject: bool = True) -> str:
-    out = f"[{_code(c['short'])}]({c['commit_url']})"
+    out = _short_link(c["short"], c.get("commit_url"))
     if with_subject and c.get("subject"):
         out += f" {_esc(c['subject'])}"
     if c.get("pr_url"):
         out += f" ([#{c['pr']}]({c['pr_url']}))"
     return out
+
+
+def _short_link(short: str, url: str | None) -> str:
+    return f"[{_code(short)}]({url})" if url else _code(short)
 
 
 def _pr_cell(c: Mapping[str, Any]) -> str:
@@ -547,6 +560,8 @@ def _env_line(report: Mapping[str, Any]) -> str:
 
 def _recipe_line(report: Mapping[str, Any]) -> str:
     r = report.get("recipe") or {}
+    if report.get("run_command"):  # --run: no recipe; the probe is the user's command
+        return f"- Probe: `--run` {_code(report['run_command'])} (exit codes as git bisect run)"
     parts = [f"recipe {_code(r.get('name') or '?')}"]
     if r.get("model"):
         parts.append(f"model {_code(r['model'])}"
@@ -573,14 +588,14 @@ def _range_line(report: Mapping[str, Any]) -> str:
     url = report["repo_url"]
 
     def end(ref: Any, sha: str, label: str) -> str:
-        sha_link = f"[{_code(sha[:SHORT])}]({url}/commit/{sha})"
+        sha_link = _short_link(sha[:SHORT], f"{url}/commit/{sha}" if url else None)
         return f"{label} {_code(ref)} ({sha_link})" if ref else f"{label} {sha_link}"
 
     goal = "first good commit" if rng["direction"] == "fix" else "first bad commit"
     return (f"- Range: {end(rng.get('good_ref'), rng['good_sha'], 'good')}, "
             f"{end(rng.get('bad_ref'), rng['bad_sha'], 'bad')}; {rng['direction']} (looking "
-            f"for the {goal}); {rng['candidates']} candidates, ends included "
-            f"([compare]({rng['compare_url']}))")
+            f"for the {goal}); {rng['candidates']} candidates, ends included"
+            + (f" ([compare]({rng['compare_url']}))" if rng.get("compare_url") else ""))
 
 
 def _controls_lines(report: Mapping[str, Any]) -> list[str]:
@@ -627,7 +642,7 @@ def _table(report: Mapping[str, Any]) -> list[str]:
                      and low != r["max_coresidency"] else str(r["max_coresidency"]))
             if r["target_coresidency"]:
                 cores += f"/{r['target_coresidency']}"
-        cells = [pos, f"[{_code(r['short'])}]({r['commit_url']})", _pr_cell(r),
+        cells = [pos, _short_link(r["short"], r.get("commit_url")), _pr_cell(r),
                  str(r["lifetimes"]), str(r["divergent"]), distinct,
                  _delta_cell(r["max_abs_delta"]), cores, f"**{r['verdict']}**"]
         lines.append("| " + " | ".join(cells) + " |")
