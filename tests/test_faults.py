@@ -304,12 +304,14 @@ def test_recipe_values_out_of_range_are_refused(
 # ---- 7. paths stay inside their folder -----------------------------------------------------------
 
 
-def test_extract_refuses_a_member_that_climbs_out_of_out(tmp_path: Path) -> None:
+def test_extract_refuses_a_member_that_climbs_out_of_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     wheel = tmp_path / "x.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("../../evil.so", b"evil")
         zf.writestr("pkg/ok.so", b"ok")
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)
     code, _, err = run_cli("artifacts", "extract", str(wheel), "--member", "../../evil.so",
                            "--out", "deep/a/b")
     assert code == UsageError.exit_code
