@@ -1,5 +1,6 @@
 # Each target creates/uses the local virtualenv .venv itself: `make demo` and `make test` are the
-# only two commands a newcomer needs on a fresh machine.
+# only two commands a newcomer needs on a fresh machine. The `ray` extra is installed too, so the
+# distributed engine's tests (tests/test_ray.py) run on every submission instead of skipping.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,ray]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -74,6 +75,31 @@ state_option = click.option(
 )
 
 
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Hold the state dir's lock for the whole command (one bisect per state dir; see
+    statelock.py). ``create=False``: a command that needs an existing session runs unlocked
+    when there is no state dir at all, and says so itself."""
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def command(*args: object, **kwargs: object) -> None:
+            from bisect_tool import statelock
+
+            path = _state_dir(kwargs["repo"], kwargs["state_dir"])  # type: ignore[arg-type]
+            if not create and not path.is_dir():
+                return fn(*args, **kwargs)
+            with statelock.hold(path, fn.__name__, notice=_progress):
+                return fn(*args, **kwargs)
+
+        return command
+
+    return wrap
+
+
 @cli.command()
 @click.option("--good", required=True, help="A commit with the good behaviour (tag, branch, SHA).")
 @click.option("--bad", required=True, help="A commit with the bad behaviour.")
@@ -82,21 +108,38 @@ state_option = click.option(
     shell_complete=complete_recipe,
 )
 @click.option("--run", "run_command", default=None, help="Generic probe, like `git bisect run`.")
-@click.option("--run-timeout", type=float, default=0.0, help="Seconds before --run aborts.")
+@click.option(
+    "--run-timeout", type=click.FloatRange(min=0), default=0.0, help="Seconds before --run aborts."
+)
 @click.option("--path", "paths", multiple=True, help="Only commits touching these paths.")
-@click.option("--confidence", type=float, default=None, help="Stop at this posterior mass.")
-@click.option("--max-evaluations", type=int, default=None, help="Budget of lifetimes.")
+@click.option(
+    "--confidence",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=None,
+    help="Stop at this posterior mass.",
+)
+@click.option(
+    "--max-evaluations", type=click.IntRange(min=1), default=None, help="Budget of lifetimes."
+)
 @click.option("--backend", type=click.Choice(["local", "docker", "ray"]), default=None)
 @click.option("--ray-address", default=None, help="Ray cluster for --backend ray (HOST:PORT).")
 @click.option("--gpus", default=None, help="GPUs for lifetimes, e.g. 0,1,2,3.")
 @click.option("--python", "python_exe", default=None, help="Interpreter of the pinned stack.")
 @click.option("--pinned-dir", default=None, help="Directory holding the pinned package.")
 @click.option("--model", default=None, help="Model path or name for the server.")
-@click.option("--cost-new", type=float, default=None, help="Cost of a new candidate.")
-@click.option("--cost-lifetime", type=float, default=None, help="Cost of another lifetime.")
+@click.option(
+    "--cost-new", type=click.FloatRange(min=0), default=None, help="Cost of a new candidate."
+)
+@click.option(
+    "--cost-lifetime",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="Cost of another lifetime.",
+)
 @click.option("--no-controls", is_flag=True, help="Skip the positive/negative controls.")
 @repo_option
 @state_option
+@_state_locked()
 def start(
     good: str,
     bad: str,
@@ -122,6 +165,7 @@ def start(
     prints the next candidate to judge with `bisect good|bad|skip`."""
     from bisect_tool import run
 
+    _check_run_command(run_command)
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
     if recipe_obj is not None:
         recipe_obj = recipe_obj.override(
@@ -156,6 +200,28 @@ def start(
         command=("bisect", *sys.argv[1:]),
     )
     _print_outcome(run.start(request, _observer()))
+
+
+def _check_run_command(run_command: str | None) -> None:
+    """``--run ""`` is a mistake, not manual mode; a literal secret would reach the journal."""
+    from bisect_tool import redact
+
+    if run_command is not None and not run_command.strip():
+        raise UsageError(
+            "--run needs a command (e.g. --run ./probe.sh); leave --run out for manual mode"
+        )
+    secret = redact.literal_secret(run_command or "")
+    if secret:
+        raise UsageError(
+            f"--run holds {secret} written out; export it and refer to it as $NAME, so it "
+            "stays out of the journal and the report"
+        )
+
+
+def _end_leftovers(repo: Path, state_dir: Path, session_id: str) -> int:
+    from bisect_tool.run import end_leftovers
+
+    return end_leftovers(repo, state_dir, session_id, _observer())
 
 
 def _search_overrides(*values: float | int | None) -> dict[str, object]:
@@ -200,6 +266,7 @@ def _print_outcome(outcome: Outcome) -> None:
 @cli.command()
 @repo_option
 @state_option
+@_state_locked(create=False)
 def resume(repo: Path, state_dir: Path | None) -> None:
     """Continue a bisect from its journal (after a crash or Ctrl-C)."""
     from bisect_tool import run
@@ -221,7 +288,7 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(f"state: {summary['state']} ({summary['direction']})")
+    click.echo(f"state: {_liveness(summary['state'], repo, state_dir)} ({summary['direction']})")
     flip = summary["flip_commit"] or ", ".join(str(s)[:12] for s in summary["flip_block"])
     click.echo(f"top candidate: {flip} at {summary['confidence']:.1%}")
     click.echo(f"90% credible set: {len(summary['credible_set'])} commits")
@@ -229,6 +296,22 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
         f"lifetimes: {summary['evaluations']} over {summary['candidates_tested']} of "
         f"{summary['candidates']} candidates; p ~ {summary['p_estimate']:.2f}"
     )
+
+
+def _liveness(state: str, repo: Path, state_dir: Path | None) -> str:
+    """"running" only while a process holds the state dir; a killed run says it stopped."""
+    from bisect_tool import statelock
+
+    if state != "running":
+        return state
+    path = _state_dir(repo, state_dir)
+    contents = journal_mod.read(path / JOURNAL_NAME)
+    if contents.header.get("mode", "manual") == "manual":
+        return "running (manual: judge the next candidate with `bisect good|bad|skip`)"
+    holder = statelock.live_holder(path)
+    if holder is not None:
+        return f"running ({holder.describe()})"
+    return "stopped (no process is running it; `bisect resume` continues it)"
 
 
 @cli.command()
@@ -312,6 +395,7 @@ for _name, _verdict, _help in (
 ):
 
     def _make(verdict: Verdict = _verdict) -> Callable[..., None]:
+        @_state_locked(create=False)
         def command(ref: str | None, repo: Path, state_dir: Path | None) -> None:
             _manual(verdict, ref, repo, state_dir)
 
@@ -325,6 +409,7 @@ for _name, _verdict, _help in (
 @cli.command()
 @repo_option
 @state_option
+@_state_locked(create=False)
 def reset(repo: Path, state_dir: Path | None) -> None:
     """End the bisect: remove its state and any container or process left by a crash."""
     import shutil
@@ -338,6 +423,7 @@ def reset(repo: Path, state_dir: Path | None) -> None:
             session_id = str(journal_mod.read(journal_path).header.get("session", ""))
         except StateError:
             session_id = ""
+    ended = _end_leftovers(repo, path, session_id) if path.exists() else 0
     # Only this bisect's leftovers: another bisect may be running on this host (another repo or
     # state dir) and its lifetimes must survive our reset.
     if session_id:
@@ -354,7 +440,11 @@ def reset(repo: Path, state_dir: Path | None) -> None:
                 continue
     if path.exists():
         shutil.rmtree(path)
-        click.echo(f"removed {path}" + (f" and {removed} leftover lifetimes" if removed else ""))
+        click.echo(
+            f"removed {path}"
+            + (f" and {removed} leftover lifetimes" if removed else "")
+            + (f"; ended {ended} leftover probe process group(s)" if ended else "")
+        )
     else:
         click.echo("no bisect in progress")
 
@@ -395,6 +485,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("bisect: interrupted; `bisect resume` continues where it stopped", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        # One line, like every other error: the bad flag and its allowed range.
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        click.echo(f"bisect: {exc.format_message()}{hint}", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -8,6 +8,7 @@ Infrastructure failures (``InfrastructureError``) and aborts propagate: they are
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,10 +44,27 @@ class RunCommandEvaluator:
     >= 128 (killed by a signal) or a timeout = abort the whole run.
     """
 
-    def __init__(self, repo_path: Path, command: str, timeout_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        repo_path: Path,
+        command: str,
+        timeout_s: float = 0.0,
+        *,
+        state_dir: Path | None = None,
+        session: str = "",
+        progress: Progress | None = None,
+    ) -> None:
+        from bisect_tool.children import Registry
+
         self.repo_path = repo_path
         self.command = command
         self.timeout_s = timeout_s or None
+        # Each probe's group is recorded there and labelled with the session, so a `resume` or
+        # `reset` after a kill -9 of this process can end it (children.py).
+        self.children = Registry(state_dir) if state_dir is not None else None
+        self.session = session
+        self.progress = progress or (lambda _msg: None)
+        self._first = True
         remove_stale_worktrees(repo_path)
 
     def prepare(self, commits: Sequence[str]) -> None:
@@ -54,8 +72,16 @@ class RunCommandEvaluator:
 
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
         started = time.monotonic()
+        from bisect_tool import runprobe
+        from bisect_tool.runtime.common import ENV_SESSION
+
         with worktree(self.repo_path, commit) as path:
             env = {**os.environ, "BISECT_COMMIT": commit, "BISECT_LIFETIME": lifetime_id}
+            if self.session:
+                env[ENV_SESSION] = self.session
+            first, self._first = self._first, False
+            if first:
+                self.progress(runprobe.banner(path, commit))
             proc = subprocess.Popen(
                 ["bash", "-c", self.command],
                 cwd=path,
@@ -64,8 +90,14 @@ class RunCommandEvaluator:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            tracked = (
+                self.children.tracked(proc.pid, f"--run at {commit[:12]}")
+                if self.children is not None
+                else contextlib.nullcontext()
+            )
             try:
-                out, _ = proc.communicate(timeout=self.timeout_s)
+                with tracked:
+                    out, _ = proc.communicate(timeout=self.timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
@@ -77,8 +109,15 @@ class RunCommandEvaluator:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
                 raise
-        code = proc.returncode
-        tail = "\n".join(out.decode(errors="replace").splitlines()[-20:])
+            code = proc.returncode
+            text = out.decode(errors="replace")
+            # asked while the worktree exists: does the path the command named exist there?
+            problem = runprobe.exit_problem(code, text, self.command, path, commit)
+        if problem:
+            raise AbortError(problem)
+        tail = "\n".join(text.splitlines()[-20:])
+        if first:  # the log says where the command ran (relative paths resolve from there)
+            tail = runprobe.banner(path, commit) + "\n" + tail
         elapsed = time.monotonic() - started
         detail: dict[str, Any] = {"exit_code": code, "log_tail": tail}
         if code == 0:

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bisect_tool import redact
 from bisect_tool.errors import StateError
+from bisect_tool.journal_check import ShapeError, check_entry, check_header
 
 JOURNAL_VERSION = 1
 JOURNAL_NAME = "journal.jsonl"
@@ -107,7 +109,8 @@ class Journal:
     def append(self, entry: dict[str, Any]) -> dict[str, Any]:
         if self._file is None:
             raise StateError("journal is not open")
-        entry = {**entry, "seq": self._seq, "time": time.time()}
+        # Redacted before it is written: the journal travels with the public report.
+        entry = redact.value({**entry, "seq": self._seq, "time": time.time()})
         line = json.dumps(entry, sort_keys=True, allow_nan=False, default=str)
         self._file.write(line + "\n")
         self._file.flush()
@@ -120,43 +123,90 @@ def create(path: Path, header: dict[str, Any]) -> None:
     """Write a new journal holding only its header, atomically: a reader never sees a journal
     file without its header line (e.g. `bisect status` racing `bisect start`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    entry = {**header, "seq": 0, "time": time.time()}
+    entry = redact.value({**header, "seq": 0, "time": time.time()})
     tmp = path.with_name(path.name + ".new")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry, sort_keys=True, allow_nan=False, default=str) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry, sort_keys=True, allow_nan=False, default=str) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StateError(
+            f"cannot write the journal in {path.parent} ({exc.strerror or exc}); "
+            "pass --state-dir PATH to a folder you can write"
+        ) from None
 
 
 def read(path: Path) -> JournalContents:
-    """Parse a journal; a torn last line is tolerated, a corrupt line elsewhere is an error."""
+    """Parse a journal; a torn last line is tolerated, a corrupt line elsewhere is an error.
+
+    Any file at all gives either the journal's contents or a one-line ``StateError`` naming the
+    line: not UTF-8, not JSON, JSON of the wrong shape (see ``journal_check``)."""
     if not path.exists():
         raise StateError(f"no bisect session at {path.parent}; start one with `bisect start`")
-    lines = path.read_text(encoding="utf-8").split("\n")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise StateError(f"cannot read {path} ({exc.strerror or exc})") from None
+    lines = data.split(b"\n")
     entries: list[dict[str, Any]] = []
     torn = False
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    candidates = 0
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
+        last = number >= len(lines) - 1  # the last line: a crash mid-write may have torn it
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number >= len(lines) - 1:  # the last line: a crash mid-write
+            entry = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            if last:
+                torn = True
+                continue
+            raise StateError(
+                f"{path}:{number}: not UTF-8 text; this is not a bisect journal (or it is "
+                "damaged): fix or remove that line, then `bisect resume`"
+            ) from None
+        except ValueError:
+            if not entries and not last:  # e.g. `bisect replay` of some other file
+                raise StateError(
+                    f"{path}: not a bisect journal (line {number} is not a journal header); "
+                    "give the journal.jsonl of a state dir"
+                ) from None
+            if last:
                 torn = True
                 continue
             raise StateError(
                 f"{path}:{number}: corrupt journal line; fix or remove it, then `bisect resume`"
             ) from None
-    if not entries or entries[0].get("type") != "header":
+        if not entries:
+            if not isinstance(entry, dict) or entry.get("type") != "header":
+                raise StateError(f"{path}: not a bisect journal (no header line)")
+            version = entry.get("version")
+            if version != JOURNAL_VERSION:
+                raise StateError(
+                    f"{path}: journal version {_shown(version)} is not supported (this tool "
+                    f"reads {JOURNAL_VERSION}); use the bisect version that wrote it"
+                )
+        try:
+            if not entries:
+                candidates = check_header(entry)
+            else:
+                check_entry(entry, candidates)
+        except ShapeError as exc:
+            raise StateError(
+                f"{path}:{number}: not a journal entry this tool wrote: it {exc}; fix or "
+                "remove that line, then `bisect resume`"
+            ) from None
+        entries.append(entry)
+    if not entries:
         raise StateError(f"{path}: not a bisect journal (no header line)")
-    version = entries[0].get("version")
-    if version != JOURNAL_VERSION:
-        raise StateError(
-            f"{path}: journal version {version} is not supported (this tool reads "
-            f"{JOURNAL_VERSION}); use the bisect version that wrote it"
-        )
     return JournalContents(entries[0], tuple(entries[1:]), torn)
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 20 else text[:20] + "..."
 
 
 def iter_entries(path: Path) -> Iterator[dict[str, Any]]:

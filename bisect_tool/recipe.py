@@ -136,6 +136,9 @@ class Recipe:
         if not given:
             return self
         current = getattr(self, section)
+        from bisect_tool.limits import check_section
+
+        check_section("command line", section, given)
         try:
             updated = dataclasses.replace(current, **given)
         except TypeError as exc:
@@ -214,6 +217,13 @@ def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) ->
                 f"{source}: unknown key '{key}' in [{section}]; known: {', '.join(sorted(names))}"
             )
         values[key] = _check(source, f"{section}.{key}", value, hints[key])
+    from bisect_tool.limits import check_section
+
+    check_section(source, section, values)
+    if section == "runtime" and "env" in values:
+        from bisect_tool import redact
+
+        redact.remember(values["env"])  # a child may print them: scrub them from its log too
     return cls(**values)
 
 
@@ -265,4 +275,36 @@ def from_dict_loose(data: dict[str, Any]) -> Recipe:
     """A recipe stored in a journal header (``Recipe.to_dict()``): validated the same way."""
     data = dict(data)
     source = str(data.pop("source", "") or "<journal>")
-    return from_dict(data, source=source)
+    return _restore_secrets(from_dict(data, source=source))
+
+
+def _restore_secrets(recipe: Recipe) -> Recipe:
+    """The journal keeps ``[runtime.env]`` secrets as ``[redacted]``; a resumed run takes them
+    from the environment, else from the recipe file it was started with."""
+    from bisect_tool.redact import REDACTED
+
+    env = dict(recipe.runtime.env)
+    hidden = [k for k, v in env.items() if v == REDACTED]
+    if not hidden:
+        return recipe
+    import os
+
+    from_file: dict[str, str] = {}
+    if recipe.source and Path(recipe.source).is_file():
+        try:
+            from_file = load(recipe.source).runtime.env
+        except RecipeError:
+            from_file = {}
+    for key in hidden:
+        value = os.environ.get(key) or from_file.get(key)
+        if not value or value == REDACTED:
+            raise RecipeError(
+                f"[runtime.env] {key} was redacted from the journal and is neither in the "
+                f"environment nor in {recipe.source or 'the recipe file'}; export {key}=... "
+                "and run `bisect resume` again"
+            )
+        env[key] = value
+    from bisect_tool import redact
+
+    redact.remember(env)
+    return dataclasses.replace(recipe, runtime=dataclasses.replace(recipe.runtime, env=env))

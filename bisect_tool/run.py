@@ -176,6 +176,7 @@ def start(
     """Resolve the range, write the journal's header, and run to the end (or, in manual mode,
     to the first candidate to judge)."""
     from bisect_tool.range import remote_url, resolve_range
+    from bisect_tool.remote import clone_link_base
 
     path = request.journal_path
     if path.exists():
@@ -200,6 +201,8 @@ def start(
         mode=mode,
     )
     header["remote_url"] = remote_url(request.repo)
+    # where the report's commit links point: the clone's own GitHub vLLM remote, or nowhere
+    header["repo_url"] = clone_link_base(request.repo)
     header["run_command"] = request.run_command or ""
     header["run_timeout"] = request.run_timeout
     journal_mod.create(path, header)
@@ -226,10 +229,17 @@ def resume(
     if mode == "manual":
         return _outcome(state, next_candidate=session.next_manual_candidate(state))
     observer(RunStarted(len(state.candidates), str(state.direction), len(state.seen_lifetimes)))
+    end_leftovers(Path(header["repo"]), journal_path.parent, str(header.get("session", "")),
+                  observer)
     with journal_mod.Journal(journal_path) as journal, sigterm_raises():
         if mode == "run":
             evaluator: Evaluator = RunCommandEvaluator(
-                Path(header["repo"]), header["run_command"], float(header.get("run_timeout") or 0)
+                Path(header["repo"]),
+                header["run_command"],
+                float(header.get("run_timeout") or 0),
+                state_dir=journal_path.parent,
+                session=str(header.get("session", "")),
+                progress=notes_to(observer),
             )
             Loop(journal, state, evaluator, observer=observer).run()
             return _outcome(state)
@@ -242,6 +252,18 @@ def resume(
             _controls(journal, state, recipe, controls_for, observer)
             Loop(journal, state, evaluator, parallel=parallel, observer=observer).run()
     return _outcome(state)
+
+
+def end_leftovers(repo: Path, state_dir: Path, session_id: str, observer: Observer) -> int:
+    """End what a killed run left running (probe process groups, worktrees); say how many."""
+    from bisect_tool.children import end_all
+    from bisect_tool.worktrees import remove_stale_worktrees
+
+    ended = end_all(state_dir, session_id)
+    if ended:
+        observer(Note(f"ended {ended} process group(s) left running by a killed run"))
+    remove_stale_worktrees(repo)
+    return ended
 
 
 def _append(journal: journal_mod.Journal, state: session.State, entry: dict[str, Any]) -> None:

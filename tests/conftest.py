@@ -71,6 +71,8 @@ SERVER_SOURCE = textwrap.dedent(
         parser.add_argument("--model", default="")
         args = parser.parse_args()
         print("test server starting, mode", repr(MODE), flush=True)
+        if os.environ.get("TEST_PRINT_VAR"):  # a server that prints a secret it was given
+            print("loaded with", os.environ.get(os.environ["TEST_PRINT_VAR"], ""), flush=True)
         if MODE == "exit":
             print("boom: cannot load kernels", flush=True)
             sys.exit(3)

@@ -213,6 +213,45 @@ def test_bisect_on_two_ray_nodes_survives_losing_one(tmp_path: Path) -> None:
     assert result["controls"]["ok"] in (True, False)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+def test_ray_driver_killed_mid_run_and_resumed_loses_and_doubles_nothing(tmp_path: Path) -> None:
+    """The crash test on the Ray backend: kill -9 the driver while lifetimes run as Ray tasks,
+    `bisect resume`: the journal before the kill is a prefix of the final one, every lifetime id
+    is journaled once (the ones in flight at the kill included), and the answer is right."""
+    if RAY_MISSING:
+        pytest.skip(RAY_MISSING)
+    problem = _netns_problem()
+    if problem:
+        pytest.skip(problem)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="bray", dir="/tmp"))
+    try:
+        out = tmp_path / "result.json"
+        script = cluster_script(ray_tmp, tmp_path / "work", out, num_gpus=2, worker=False,
+                                extra="crash")
+        proc = subprocess.run(
+            ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )
+        assert out.exists(), (
+            f"driver wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+        result = json.loads(out.read_text())
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    print(json.dumps(result, indent=1))
+    assert result["error"] == "", result["error"]
+    assert result["killed_rc"] == -signal.SIGKILL
+    assert result["in_flight"], "no lifetime was running as a Ray task at the kill"
+    assert result["resume_rc"] == 0, result["resume_err"]
+    assert result["prefix_kept"], "a lifetime journaled before the kill was lost"
+    assert result["lifetime_ids_unique"], "a lifetime was counted twice"
+    assert all(n == 1 for n in result["in_flight_counts"].values()), result["in_flight_counts"]
+    assert result["observations"] > result["observations_at_kill"] >= 2
+    assert result["state"] == "done" and result["flip_commit"] == result["planted_commit"]
+    assert result["leftover_servers"] == 0
+
+
 def cluster_script(
     ray_tmp: Path, workdir: Path, out: Path, *, num_gpus: int, worker: bool, extra: str = ""
 ) -> str:
@@ -303,15 +342,18 @@ def _env_of(pid: int, name: str) -> str:
 
 
 def _kill_worker_node_mid_lifetime(
-    journal: Path, state: dict[str, Any], stop: threading.Event
+    journal: Path, state: dict[str, Any], stop: threading.Event, worker_node: str
 ) -> None:
-    """Once the worker node serves a lifetime (and the bisect is under way), SIGKILL the node:
-    its raylet and every process under it, the lifetime's server included (a machine lost)."""
+    """Once the worker node has a lifetime journaled and serves another, SIGKILL the node: its
+    raylet and every process under it, the lifetime's server included (a machine lost).
+
+    Waiting for a journaled lifetime of the worker (not for any two lifetimes) is what makes
+    "both nodes ran lifetimes" hold however the machine's speed orders the first ones."""
     while not stop.wait(0.2):
         raylet = _worker_raylet()
         if raylet is None or not journal.exists():
             continue
-        if journal.read_text().count('"type": "observation"') < 2:
+        if worker_node not in journal.read_text():
             continue
         below = _descendants(raylet)
         serving = [p for p in below if _env_of(p, "BISECT_LIFETIME")]
@@ -429,7 +471,9 @@ def drive(workdir: Path, address: str, out: Path) -> None:
         ray_mod.shutdown()
         stop = threading.Event()
         killer = threading.Thread(
-            target=_kill_worker_node_mid_lifetime, args=(journal, result, stop), daemon=True
+            target=_kill_worker_node_mid_lifetime,
+            args=(journal, result, stop, worker_node),
+            daemon=True,
         )
         killer.start()
         try:
@@ -488,13 +532,76 @@ def drive(workdir: Path, address: str, out: Path) -> None:
     out.write_text(json.dumps(result, indent=2))
 
 
+def drive_crash(workdir: Path, address: str, out: Path) -> None:
+    """Inside the namespace: start a Ray bisect as its own process, kill -9 it while lifetimes
+    run, resume it, and compare the journals."""
+    from bisect_tool import journal as journal_mod
+    from bisect_tool.demo.history import generate
+
+    result: dict[str, Any] = {"error": ""}
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        history = generate(workdir / "repo", seed=0, commits=80)
+        recipe = _demo_recipe(workdir)
+        state = workdir / "state"
+        journal = state / journal_mod.JOURNAL_NAME
+        common = ["--repo", str(workdir / "repo"), "--state-dir", str(state)]
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "bisect_tool", "start", "--good", history.good_tag, "--bad",
+             history.bad_tag, "--recipe", str(recipe), "--backend", "ray", "--ray-address",
+             address, "--no-controls", *common],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        session = ""
+        in_flight: list[str] = []
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and driver.poll() is None:
+            if journal.exists() and journal.read_text().count('"type": "observation"') >= 2:
+                session = session or str(journal_mod.read(journal).header["session"])
+                in_flight = sorted({_env_of(p, "BISECT_LIFETIME") for p in _servers_of(session)})
+                if in_flight:
+                    break
+            time.sleep(0.1)
+        os.kill(driver.pid, signal.SIGKILL)
+        result["killed_rc"] = driver.wait()
+        result["in_flight"] = in_flight
+        before = journal.read_bytes()
+        whole = before[: before.rfind(b"\n") + 1]  # a line torn by the kill is not kept
+        result["observations_at_kill"] = len(journal_mod.read(journal).observations)
+        resumed = subprocess.run(
+            [sys.executable, "-m", "bisect_tool", "resume", *common],
+            capture_output=True, text=True, timeout=240,
+        )
+        result["resume_rc"] = resumed.returncode
+        result["resume_err"] = resumed.stderr[-2000:]
+        after = journal.read_bytes()
+        contents = journal_mod.read(journal)
+        obs = contents.of_type("observation")
+        ids = [o["lifetime_id"] for o in obs]
+        summary = (contents.end or {}).get("summary", {})
+        result.update(
+            prefix_kept=after.startswith(whole),
+            lifetime_ids_unique=len(ids) == len(set(ids)),
+            in_flight_counts={lid: ids.count(lid) for lid in in_flight},
+            observations=len(obs),
+            resume_said=[ln for ln in resumed.stderr.splitlines() if ln.startswith("ended ")],
+            state=(contents.end or {}).get("state"),
+            flip_commit=summary.get("flip_commit"),
+            planted_commit=history.planted_commit,
+            leftover_servers=len(_servers_of(session)),
+        )
+    except BaseException as exc:  # reported to the test, which shows it
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    out.write_text(json.dumps(result, indent=2))
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["drive"])
+    parser.add_argument("mode", choices=["drive", "crash"])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--address", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    drive(args.workdir, args.address, args.out)
+    (drive_crash if args.mode == "crash" else drive)(args.workdir, args.address, args.out)

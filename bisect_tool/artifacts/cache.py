@@ -119,7 +119,22 @@ class ArtifactCache:
             for name in ("blobs", "manifests", "locks", "downloads", "tmp", "logs", "ccache")
         }
         for path in self.dirs.values():
-            path.mkdir(parents=True, exist_ok=True)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                # Either the cache root (from --cache-dir, BISECT_CACHE_DIR or the recipe's
+                # cache_dir) is a file, or it cannot be written: say which setting to change.
+                is_file = isinstance(exc, FileExistsError | NotADirectoryError)
+                why = "a file, not a folder" if is_file else (exc.strerror or str(exc))
+                raise UsageError(
+                    f"the artifact cache {self.root} cannot be used ({why}); set --cache-dir, "
+                    "BISECT_CACHE_DIR or [artifacts] cache_dir to a folder you can write"
+                ) from None
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise UsageError(
+                    f"the artifact cache {self.root} is not writable; set --cache-dir, "
+                    "BISECT_CACHE_DIR or [artifacts] cache_dir to a folder you can write"
+                )
 
     # --- locks ---------------------------------------------------------------------------
     @contextmanager
@@ -294,6 +309,17 @@ class ArtifactCache:
         to swap-set entries by file name)."""
         if not swap_set:
             raise UsageError("the swap set is empty: give --member PATH or a recipe with one")
+        from bisect_tool.limits import relative_problem
+
+        for entry in swap_set:
+            if relative_problem(entry):
+                raise UsageError(
+                    f"swap-set entry '{entry}' {relative_problem(entry)}; give a path inside "
+                    "site-packages such as vllm/_C.abi3.so"
+                )
+        for path in paths:
+            if not path.exists():
+                raise UsageError(f"{path} not found; give the path of a wheel or a swap-set file")
         if len(paths) == 1 and paths[0].suffix == ".whl":
             return self.add_wheel(
                 commit, paths[0], swap_set, source="import", origin=str(paths[0].resolve())

@@ -104,10 +104,14 @@ def extract_members(wheel: Path, members: Sequence[str], out_dir: Path) -> list[
     """Extract only ``members`` of ``wheel`` under ``out_dir`` (keeping their relative paths)."""
     if not members:
         raise ArtifactUnavailable("no members to extract: give --member PATH or a recipe")
+    from bisect_tool.limits import inside
+
+    # Every name is checked before anything is written: a member such as ../../evil.so must
+    # not land outside --out (zip names are untrusted input).
+    targets = [inside(out_dir, member, "wheel member") for member in members]
     results: list[ExtractedFile] = []
     with open_wheel(wheel) as archive:
-        for member in members:
-            dest = out_dir / member
+        for member, dest in zip(members, targets, strict=True):
             sha, size = stream_member(archive, member, dest)
             results.append(ExtractedFile(member, dest, sha, size))
     return results

@@ -375,8 +375,10 @@ class ServerDeterminismProbe:
                 detail["redo_reasons"].append(f"{_name(label)}: {reason}")
                 dead = await self._dead(client, url, is_alive)
                 if dead:
+                    # A live process whose /health answers 5xx did not die: say what it did.
+                    how = "failed" if dead.startswith("/health answered") else "died"
                     raise _Untestable(
-                        f"server died during {_name(label)} ({reason}); {dead}"
+                        f"server {how} during {_name(label)} ({reason}); {dead}"
                     ) from None
                 continue
             peak = monitor.end()
@@ -453,6 +455,11 @@ class ServerDeterminismProbe:
     ) -> str:
         try:
             resp = await client.get(url + "/v1/models", timeout=10.0)
+            if resp.status_code != 200:
+                raise _Untestable(
+                    f"{url}/v1/models answered HTTP {resp.status_code}: "
+                    f"{resp.text[:200].strip() or '(empty body)'}"
+                )
             data = resp.json()["data"]
             return str(data[0]["id"])
         except httpx.TransportError as exc:

@@ -30,16 +30,26 @@ __all__ = [
 
 def render_report(journal_path: Path, fmt: str = "md", plot: Path | None = None) -> str:
     """The report of the journal at ``journal_path``: Markdown (with ``plot`` written) or JSON."""
-    from bisect_tool import journal, session
+    from bisect_tool import journal, redact, session
+    from bisect_tool.errors import UsageError
 
     contents = journal.read(journal_path)
     built = build_report(
         contents, session.replay(contents).search_state(), bundled_recipe=_bundled(contents)
     )
+    # The journal is redacted as it is written; this also covers one written before that.
     if fmt == "json":
-        return render_json(built)
-    written = plot_posterior(built, plot) if plot is not None else None
-    return render_markdown(built, plot=written)
+        return redact.text(render_json(built))
+    written = None
+    if plot is not None:
+        try:
+            written = plot_posterior(built, plot)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write the plot to {plot} ({exc.strerror or exc}); give --plot a path "
+                "in a folder you can write"
+            ) from None
+    return redact.text(render_markdown(built, plot=written))
 
 
 def _bundled(contents: object) -> dict[str, object] | None:

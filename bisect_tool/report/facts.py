@@ -59,7 +59,10 @@ def build_report(
     """
     header = contents.header
     if repo_url is None:
-        repo_url = VLLM_URL if is_vllm_remote(str(header.get("remote_url") or "")) else ""
+        if "repo_url" in header:  # the link base recorded at start (remote.clone_link_base)
+            repo_url = str(header.get("repo_url") or "")
+        else:
+            repo_url = VLLM_URL if is_vllm_remote(str(header.get("remote_url") or "")) else ""
     repo_url = repo_url.rstrip("/")
     raw_candidates = header.get("candidates") or []
     if not raw_candidates:
@@ -127,6 +130,7 @@ def build_report(
         "rates": _rates(answer, tested, bad_end, good_end),
         "commits": [{k: c[k] for k in ("sha", "short", "subject", "pr")} for c in commits],
         "reproduce": _command(header.get("command")),
+        "run_command": header.get("run_command") or None,
         "reproduce_recipe": _recipe_changes(recipe, bundled_recipe),
         "reproduce_lifetime": _lifetime_commands(recipe),
         "plot": None,
@@ -473,7 +477,8 @@ def _range_facts(
     good_ref, bad_ref = _ref(header, "good"), _ref(header, "bad")
     last = len(commits) - 1
     old_ref, new_ref = (bad_ref, good_ref) if direction == "fix" else (good_ref, bad_ref)
-    package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
+    # Only a recipe run is known to be on vLLM's history (a --run bisect may be any project).
+    package = str((recipe.get("artifacts") or {}).get("package") or "")
     compare_url = None
     if repo_url:
         compare_url = f"{repo_url}/compare/{commits[0]['sha']}...{commits[last]['sha']}"
@@ -580,7 +585,7 @@ def _prs(
     ends = {rng["good_end_index"], rng["bad_end_index"]}
     found = [
         {"pr": c["pr"], "subject": c["subject"], "short": c["short"],
-         "url": f"{VLLM_URL}/pull/{c['pr']}" if c["pr"] is not None else None}
+         "url": f"{repo_url}/pull/{c['pr']}" if repo_url and c["pr"] is not None else None}
         for c in commits
         if c["pr"] is not None and (c["index"] not in ends or c["index"] == max(ends))
     ]

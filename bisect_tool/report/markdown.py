@@ -164,6 +164,14 @@ def _searched_line(report: Mapping[str, Any]) -> str:
     return f"- Searched: {_esc(report['headline']['searched'])}{compare}"
 
 
+def _probe_line(report: Mapping[str, Any]) -> str:
+    if report.get("run_command"):  # --run: no recipe; the probe is the user's command
+        return f"- Probe: `--run` {_code(report['run_command'])} (exit codes as git bisect run)"
+    r = report.get("recipe") or {}
+    kind = (r.get("probe") or {}).get("kind") or "server"
+    return f"- Probe: recipe {_code(r.get('name') or 'none')} ({kind} probe)"
+
+
 def _symptom_line(report: Mapping[str, Any]) -> list[str]:
     sym = report.get("symptom")
     if not sym:
@@ -342,7 +350,7 @@ def render_markdown(report: Mapping[str, Any], *, plot: Path | str | None = None
     title = f"## Bisect result: {words}" if words else "## Bisect result"
     lines: list[str] = [title, ""]
     lines += _answer_line(report) if a["state"] == "done" else _state_lines(report)
-    lines += ["", _searched_line(report)]
+    lines += ["", _searched_line(report), _probe_line(report)]
     if a["state"] not in ("controls_failed",):
         lines += [_rests_on_line(report), _rates_line(report)]
     lines += [*_symptom_line(report), ""]

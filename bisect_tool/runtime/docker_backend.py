@@ -133,9 +133,13 @@ class _Container:
 
     def _follow(self) -> None:
         # Saved beside the journal while it runs, so the probe and the report can read it.
+        from bisect_tool.redact import LineRedactor
+
+        redactor = LineRedactor()  # a secret the server prints never reaches the file
         with contextlib.suppress(Exception), open_log(self.log_path) as log:
             for chunk in self.container.logs(stream=True, follow=True):
-                log.write(chunk)
+                log.write(redactor.feed(chunk))
+            log.write(redactor.flush())
 
     def exit_status(self) -> str | None:
         if self._stopped:

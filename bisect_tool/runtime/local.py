@@ -18,9 +18,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from bisect_tool import redact
 from bisect_tool.errors import IncompatibleExtension, InfrastructureError, RecipeError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
 from bisect_tool.recipe import RuntimeSettings
@@ -31,10 +33,10 @@ from bisect_tool.runtime.common import (
     LOOPBACK,
     PACKAGE_DIR_SCRIPT,
     RunningServer,
-    open_log,
     serve_lifetime,
     sigterm_raises,
 )
+from bisect_tool.runtime.logpump import open_pump
 from bisect_tool.runtime.overlay import OVERLAY_PREFIX, overlay, safe_name, split_swap_path
 
 
@@ -42,12 +44,21 @@ class _Server:
     """One child process group; the leader is never reaped before the group is killed, so its
     pid (= the group id) cannot be reused by an unrelated process while we signal the group."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, log_start: int) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        log_path: Path,
+        log_start: int,
+        pump: Any = None,
+        log: Any = None,
+    ) -> None:
         self.proc = proc
         self.log_path = log_path
         self.log_start = log_start
         self._lock = threading.Lock()
         self._stopped = False
+        self._pump = pump  # the redacting copy of its output into the log (logpump.py)
+        self._log = log
 
     def exit_status(self) -> str | None:
         if self._stopped:
@@ -66,6 +77,8 @@ class _Server:
         return self.exit_status() is None
 
     def boot_log(self) -> str:
+        if self._pump is not None and not self.alive():
+            self._pump.drain(2.0)  # its last words (the traceback) are in the log first
         return _read_from(self.log_path, self.log_start)
 
     def stop(self, grace_s: float) -> None:
@@ -81,6 +94,9 @@ class _Server:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+            if self._pump is not None:  # its last words are in the log before anyone reads it
+                self._pump.drain()
+                self._log.close()
             self._stopped = True
 
 
@@ -193,25 +209,30 @@ class LocalBackend:
 
             def launch(port: int) -> _Server:
                 cmd = self._command(port)
-                with open_log(log_path) as log:
-                    start = log.tell()
-                    header = f"== bisect lifetime {spec.lifetime_id} port {port}: {cmd}\n"
-                    log.write(header.encode())
-                    try:
-                        proc = subprocess.Popen(
-                            cmd,
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL,
-                            start_new_session=True,
-                            cwd=root,
-                            env=self._env(spec, root),
-                        )
-                    except OSError as exc:
-                        raise InfrastructureError(
-                            f"cannot start {cmd[0]}: {exc}; set [runtime] python"
-                        ) from None
-                return _Server(proc, log_path, start)
+                # The child writes to a pipe that reaches the log redacted (logpump.py).
+                log, pump = open_pump(log_path)
+                start = log.tell()
+                header = f"== bisect lifetime {spec.lifetime_id} port {port}: {cmd}\n"
+                log.write(redact.text(header).encode())
+                try:
+                    proc = subprocess.Popen(
+                        cmd,
+                        stdout=pump.fd,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        cwd=root,
+                        env=self._env(spec, root),
+                    )
+                except OSError as exc:
+                    pump.child_started()
+                    pump.drain()
+                    log.close()
+                    raise InfrastructureError(
+                        f"cannot start {cmd[0]}: {exc}; set [runtime] python"
+                    ) from None
+                pump.child_started()
+                return _Server(proc, log_path, start, pump, log)
 
             with serve_lifetime(
                 spec.lifetime_id,

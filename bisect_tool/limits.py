@@ -1,0 +1,139 @@
+"""The ranges a recipe's numbers must lie in, and the paths that must stay inside a folder.
+
+A number out of range is accepted by the type check but wrong in a way that shows only much later
+(``confidence = 1.5`` runs until the budget is spent, ``0`` answers at 66.7 %, a negative budget
+stops at once without a word), so each is a one-line ``RecipeError`` at load time, naming the
+key, the range and the file. The CLI flags that override these use the same bounds (click
+ranges in ``cli.py``); overrides go through :func:`check_section` as well.
+
+Swap-set entries are paths inside site-packages: an absolute one or one with ``..`` would place a
+candidate's file outside the overlay (or a wheel member outside ``--out``), so they are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from bisect_tool.errors import RecipeError, UsageError
+
+
+@dataclass(frozen=True)
+class Bound:
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, x: float) -> bool:
+        if not math.isfinite(x):
+            return False
+        if self.low is not None and (x <= self.low if self.low_open else x < self.low):
+            return False
+        return not (self.high is not None and (x >= self.high if self.high_open else x > self.high))
+
+    def describe(self) -> str:
+        if self.low is not None and self.high is not None:
+            lo = "(" if self.low_open else "["
+            hi = ")" if self.high_open else "]"
+            return f"in {lo}{self.low:g}, {self.high:g}{hi}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"{'<' if self.high_open else '<='} {self.high:g}"
+
+
+POSITIVE = Bound(0, low_open=True)
+AT_LEAST_0 = Bound(0)
+AT_LEAST_1 = Bound(1)
+PROBABILITY = Bound(0, 1, low_open=True, high_open=True)
+
+BOUNDS: dict[str, dict[str, Bound]] = {
+    "search": {
+        "confidence": PROBABILITY,
+        "lifetimes_per_candidate": AT_LEAST_1,
+        "max_evaluations": AT_LEAST_1,
+        "max_end_lifetimes": AT_LEAST_1,
+        "cost_new_candidate": AT_LEAST_0,
+        "cost_lifetime": POSITIVE,  # a free lifetime would make every rate infinite
+    },
+    "artifacts": {
+        "build_timeout_s": POSITIVE,
+        "max_jobs": AT_LEAST_1,
+        "cache_max_bytes": AT_LEAST_0,
+    },
+    "runtime": {"boot_timeout_s": POSITIVE},
+    "probe": {
+        "requests": AT_LEAST_1,
+        "fillers": AT_LEAST_0,
+        "prefix_tokens": AT_LEAST_0,
+        "prompt_tokens": AT_LEAST_1,
+        "filler_tokens": AT_LEAST_0,
+        "vocab_size": Bound(2),
+        "repeats": Bound(2),  # determinism is a comparison of at least two repeats
+        "max_tokens": AT_LEAST_1,
+        "logprobs": AT_LEAST_0,
+        "jitter_ms": AT_LEAST_0,
+        "target_coresidency": AT_LEAST_0,
+        "request_timeout_s": POSITIVE,
+        "control_attempts": AT_LEAST_1,
+        "seeds": AT_LEAST_1,
+        "hidden_sizes": AT_LEAST_1,
+        "row_counts": AT_LEAST_1,
+        "timeout_s": AT_LEAST_0,
+    },
+}
+
+
+def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
+    """Raise a one-line RecipeError for the first value of ``section`` out of its range."""
+    for key, bound in BOUNDS.get(section, {}).items():
+        if key not in values:
+            continue
+        raw = values[key]
+        items = raw if isinstance(raw, list | tuple) else [raw]
+        for item in items:
+            if isinstance(item, int | float) and not isinstance(item, bool) and not bound.holds(
+                float(item)
+            ):
+                raise RecipeError(
+                    f"{source}: '{section}.{key}' must be {bound.describe()}, got {item}"
+                )
+    if section == "artifacts" and "swap_set" in values:
+        for entry in values["swap_set"]:
+            problem = relative_problem(entry)
+            if problem:
+                raise RecipeError(
+                    f"{source}: swap_set entry '{entry}' {problem}; give a path inside "
+                    "site-packages such as vllm/_C.abi3.so"
+                )
+
+
+def relative_problem(name: str) -> str:
+    """Why ``name`` is not a plain relative path that stays inside its folder ('' if it is)."""
+    if not name or not name.strip():
+        return "is empty"
+    if "\\" in name or "\0" in name:
+        return "holds a backslash or NUL"
+    path = PurePosixPath(name)
+    if path.is_absolute():
+        return "is an absolute path"
+    if ".." in path.parts:
+        return "climbs out of its folder with '..'"
+    return ""
+
+
+def inside(base: Path, name: str, what: str = "member") -> Path:
+    """``base / name``, refused (one line) unless it stays inside ``base``."""
+    problem = relative_problem(name)
+    dest = base / name
+    if not problem:
+        try:
+            dest.resolve().relative_to(base.resolve())
+        except ValueError:
+            problem = "leads outside the target folder (through a link)"
+    if problem:
+        raise UsageError(f"{what} '{name}' {problem}; refusing to write outside {base}")
+    return dest
