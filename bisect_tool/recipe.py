@@ -63,6 +63,10 @@ class RuntimeSettings:
     weights: str = ""  # "random:CONFIG" makes a random checkpoint; a dir uses it; "" = server args
     gpus: tuple[str, ...] = ()
     shm_size: str = "8g"
+    # docker: how a container gets its GPU: "toolkit" (a device request; needs the NVIDIA
+    # container toolkit), "devices" (the /dev/nvidia* nodes and the driver libraries found on
+    # this host, mounted read-only) or "auto" (toolkit if present, else devices if a driver is)
+    docker_gpu: str = "auto"
     boot_timeout_s: float = 600.0
     ray_address: str = ""
     # ray: a directory mounted at the same path on every node; swap files under it travel as

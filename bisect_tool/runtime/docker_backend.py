@@ -28,7 +28,7 @@ from bisect_tool.errors import (
 )
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
 from bisect_tool.recipe import RuntimeSettings
-from bisect_tool.runtime import schemas
+from bisect_tool.runtime import gpu_passthrough, schemas
 from bisect_tool.runtime.common import (
     ENV_LIFETIME,
     ENV_SESSION,
@@ -44,6 +44,7 @@ from bisect_tool.runtime.common import (
     serve_lifetime,
     sigterm_raises,
 )
+from bisect_tool.runtime.gpu_passthrough import GpuAccess, GpuMode
 from bisect_tool.runtime.overlay import safe_name, split_swap_path
 
 
@@ -73,11 +74,16 @@ def container_spec(
     *,
     port: int,
     targets: Mapping[str, str],
+    gpu_access: GpuAccess | None = None,
+    image_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.create`` for one lifetime (pure).
 
     ``targets`` maps each swap path to the pinned file's absolute path inside the image.
+    ``gpu_access`` is how the GPU reaches the container (default: the toolkit's device request);
+    ``image_env`` the image's own environment, kept where a GPU variable must extend it.
     """
+    access = gpu_access or GpuAccess(GpuMode.TOOLKIT)
     command = server_command(settings, port)
     mounts = [
         docker.types.Mount(
@@ -85,10 +91,28 @@ def container_spec(
         )
         for rel, src in sorted(spec.swap.files.items())
     ]
+    read_only_dirs = []
     if settings.model_cache:
-        cache = str(Path(settings.model_cache).expanduser().resolve())
-        mounts.append(docker.types.Mount(target=cache, source=cache, type="bind", read_only=True))
-    env = {**settings.env, **spec.env, ENV_SESSION: spec.session, ENV_LIFETIME: spec.lifetime_id}
+        read_only_dirs.append(str(Path(settings.model_cache).expanduser().resolve()))
+    model = Path(settings.model).expanduser() if settings.model else None
+    if model is not None and model.is_absolute() and model.is_dir():
+        # A checkpoint made here (weights = "random:...") or given as a host directory: the
+        # server in the container loads it by the same path.
+        resolved = str(model.resolve())
+        if not any(resolved == d or resolved.startswith(d + "/") for d in read_only_dirs):
+            read_only_dirs.append(resolved)
+    mounts += [
+        docker.types.Mount(target=d, source=d, type="bind", read_only=True) for d in read_only_dirs
+    ]
+    gpu_kwargs = access.create_kwargs(spec.gpu)
+    mounts += gpu_kwargs.pop("mounts", [])
+    env = {
+        **access.environment(image_env or {}, {**settings.env, **spec.env}),
+        **settings.env,
+        **spec.env,
+        ENV_SESSION: spec.session,
+        ENV_LIFETIME: spec.lifetime_id,
+    }
     kwargs: dict[str, Any] = {
         "image": settings.image,
         # The official image's entrypoint is `vllm serve`; the recipe's module replaces it.
@@ -101,11 +125,8 @@ def container_spec(
         "labels": labels(spec.session, candidate=spec.swap.commit, lifetime=spec.lifetime_id),
         "name": container_name(spec.session, spec.lifetime_id),
         "detach": True,
+        **gpu_kwargs,
     }
-    if spec.gpu is not None:
-        kwargs["device_requests"] = [
-            docker.types.DeviceRequest(device_ids=[spec.gpu], capabilities=[["gpu"]])
-        ]
     return kwargs
 
 
@@ -190,6 +211,7 @@ class DockerBackend:
         docker_client: Any = None,
         http_client: httpx.Client | None = None,
         grace_s: float = 10.0,
+        gpu_host: gpu_passthrough.HostView | None = None,
     ) -> None:
         if not settings.image:
             raise RecipeError("[runtime] image is empty; the docker backend needs the pinned image")
@@ -210,6 +232,36 @@ class DockerBackend:
         self._checked: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         self._live: dict[str, _Container] = {}
         self._lock = threading.Lock()
+        self._gpu_mode = gpu_passthrough.parse_mode(settings.docker_gpu)
+        self._gpu_access: GpuAccess | None = None
+        self._gpu_host = gpu_host  # where /dev, /proc and ldconfig are read (tests: a fake)
+        self._image_env: dict[str, str] | None = None
+
+    # -- what the container spec needs from the engine and this host (asked once) ---------------
+
+    def gpu_access(self) -> GpuAccess:
+        """How containers get their GPU (``[runtime] docker_gpu``; ``auto`` decided once)."""
+        if self._gpu_access is None:
+            runtimes: list[str] = []
+            if self._gpu_mode is GpuMode.AUTO:
+                with contextlib.suppress(docker.errors.APIError, requests.RequestException):
+                    runtimes = list((self.client.info() or {}).get("Runtimes") or {})
+            self._gpu_access = gpu_passthrough.resolve(
+                self._gpu_mode, host=self._gpu_host, engine_runtimes=runtimes
+            )
+        return self._gpu_access
+
+    def image_env(self) -> dict[str, str]:
+        """The pinned image's own environment (``KEY=VALUE`` list of its config)."""
+        if self._image_env is None:
+            env: dict[str, str] = {}
+            with contextlib.suppress(docker.errors.APIError, requests.RequestException):
+                attrs = self.client.images.get(self.settings.image).attrs
+                for item in (attrs.get("Config") or {}).get("Env") or []:
+                    key, _, value = str(item).partition("=")
+                    env[key] = value
+            self._image_env = env
+        return self._image_env
 
     # -- one-shot containers ---------------------------------------------------------------------
 
@@ -217,16 +269,20 @@ class DockerBackend:
         self, argv: Sequence[str], *, mounts: Sequence[Any] = (), timeout_s: float = 300.0
     ) -> tuple[int, str, str]:
         """Run a short command in the pinned image; (exit code, stdout, stderr). Always removed."""
+        access = self.gpu_access()
+        gpu_kwargs = access.create_kwargs(None, one_shot=True)
+        env = {**access.environment(self.image_env(), self.settings.env), **self.settings.env}
         try:
             container = self.client.containers.create(
                 self.settings.image,
                 entrypoint=list(argv[:1]),
                 command=list(argv[1:]),
-                environment=dict(self.settings.env),
+                environment=env,
                 network_mode="host",
-                mounts=list(mounts),
+                mounts=[*mounts, *gpu_kwargs.pop("mounts", [])],
                 labels=labels(self.session),
                 detach=True,
+                **gpu_kwargs,
             )
         except docker.errors.ImageNotFound:
             raise RecipeError(
@@ -287,7 +343,14 @@ class DockerBackend:
         targets = self.targets(spec.swap)
 
         def launch(port: int) -> _Container:
-            kwargs = container_spec(self.settings, spec, port=port, targets=targets)
+            kwargs = container_spec(
+                self.settings,
+                spec,
+                port=port,
+                targets=targets,
+                gpu_access=self.gpu_access(),
+                image_env=self.image_env(),
+            )
             self._remove_named(kwargs["name"])  # a resumed lifetime after a crash
             with open_log(log_path) as log:
                 log.write(f"== bisect lifetime {spec.lifetime_id} port {port}\n".encode())
