@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -75,6 +76,15 @@ state_option = click.option(
 )
 
 
+def progress_options(fn: Callable[..., None]) -> Callable[..., None]:
+    fn = click.option("-v", "--verbose", is_flag=True,
+                      help="Plain progress lines, one per lifetime too.")(fn)
+    return click.option("-q", "--quiet", is_flag=True,
+                        help="No progress; only the answer and errors.")(fn)
+
+
+
+
 def _progress(message: str) -> None:
     click.echo(message, err=True)
 
@@ -137,6 +147,7 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
     help="Cost of another lifetime.",
 )
 @click.option("--no-controls", is_flag=True, help="Skip the positive/negative controls.")
+@progress_options
 @repo_option
 @state_option
 @_state_locked()
@@ -158,6 +169,8 @@ def start(
     cost_new: float | None,
     cost_lifetime: float | None,
     no_controls: bool,
+    quiet: bool,
+    verbose: bool,
     repo: Path,
     state_dir: Path | None,
 ) -> None:
@@ -199,7 +212,9 @@ def start(
         search_overrides=_search_overrides(confidence, max_evaluations, cost_new, cost_lifetime),
         command=("bisect", *sys.argv[1:]),
     )
-    _print_outcome(run.start(request, _observer()))
+    with _watching(quiet, verbose) as observer:
+        outcome = run.start(request, observer)
+    _print_outcome(outcome)
 
 
 def _check_run_command(run_command: str | None) -> None:
@@ -227,6 +242,22 @@ def _end_leftovers(repo: Path, state_dir: Path, session_id: str) -> int:
 def _search_overrides(*values: float | int | None) -> dict[str, object]:
     names = ("confidence", "max_evaluations", "cost_new_candidate", "cost_lifetime")
     return {n: v for n, v in zip(names, values, strict=True) if v is not None}
+
+
+@contextlib.contextmanager
+def _watching(quiet: bool, verbose: bool) -> Iterator[Observer]:
+    """How a run's progress is shown: a live view on a terminal, plain lines otherwise (or
+    with -v), nothing with -q."""
+    from bisect_tool.events import ignore
+    from bisect_tool.progress import LiveView, PlainLines
+
+    if quiet:
+        yield ignore
+    elif verbose or not sys.stderr.isatty():
+        yield PlainLines(lifetimes=verbose)
+    else:
+        with LiveView() as view:
+            yield view
 
 
 def _observer() -> Observer:
@@ -264,14 +295,17 @@ def _print_outcome(outcome: Outcome) -> None:
 
 
 @cli.command()
+@progress_options
 @repo_option
 @state_option
 @_state_locked(create=False)
-def resume(repo: Path, state_dir: Path | None) -> None:
+def resume(quiet: bool, verbose: bool, repo: Path, state_dir: Path | None) -> None:
     """Continue a bisect from its journal (after a crash or Ctrl-C)."""
     from bisect_tool import run
 
-    _print_outcome(run.resume(_journal_path(repo, state_dir), _observer()))
+    with _watching(quiet, verbose) as observer:
+        outcome = run.resume(_journal_path(repo, state_dir), observer)
+    _print_outcome(outcome)
 
 
 @cli.command()

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TextIO
+from typing import Any, TextIO
 
 from bisect_tool.events import (
     CandidateChosen,
     ControlsEnded,
     Event,
     LifetimeEnded,
+    LifetimeStarted,
     Note,
+    PosteriorMoved,
     RunStarted,
 )
 
@@ -62,3 +64,89 @@ class PlainLines:
         with self._lock:
             stream.write(line + "\n")
             stream.flush()
+
+
+class LiveView:
+    """On a terminal: one live status line (rich), redrawn a few times a second, with the
+    stage messages and each ended lifetime printed above it.
+
+    It shows the candidates left (the 99% credible set), the top commit and its mass, the lifetime
+    running with its elapsed time against the mean of those measured, the lifetimes done and an
+    estimate of the time left from those measured costs. Use it as a context manager: leaving it
+    (at the end, or on Ctrl-C) stops the redraw and leaves the terminal as it was.
+    """
+
+    #: lifetimes a halving of the candidates costs at an intermittent p, for the time-left guess
+    LIFETIMES_PER_HALVING = 2.0
+
+    def __init__(self, console: Any = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = console or Console(stderr=True)
+        self._live = Live(self, console=self.console, refresh_per_second=4, transient=True)
+        self._lock = threading.Lock()
+        self._status = "starting"
+        self._running: dict[str, float] = {}  # lifetime id -> monotonic start
+        self._durations: list[float] = []
+        self._done = 0
+        self._left = 0
+        self._top = ""
+
+    def __enter__(self) -> LiveView:
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.stop()
+
+    def __call__(self, event: Event) -> None:
+        import time
+
+        line: str | None = None
+        with self._lock:
+            if isinstance(event, CandidateChosen):
+                self._done, self._left = event.lifetimes_done, event.candidates_left
+                self._top = f"top {event.top_mass:.1%} at {event.top_sha[:12]}"
+                self._status = f"{event.reason}: {event.sha[:12]} {event.subject[:40]}"
+            elif isinstance(event, LifetimeStarted):
+                self._running[event.lifetime_id] = time.monotonic()
+            elif isinstance(event, LifetimeEnded):
+                self._running.pop(event.lifetime_id, None)
+                if event.duration_s:
+                    self._durations.append(event.duration_s)
+                self._done += 1
+                line = describe(event)
+            elif isinstance(event, PosteriorMoved):
+                self._done, self._left = event.lifetimes_done, event.candidates_left
+                self._top = f"top {event.top_mass:.1%} at {event.top_sha[:12]}"
+            else:
+                line = describe(event)
+        if line:
+            self._live.console.print(line, markup=False, highlight=False)
+
+    def __rich__(self) -> Any:
+        import math
+        import time
+
+        from rich.text import Text
+
+        with self._lock:
+            mean = sum(self._durations) / len(self._durations) if self._durations else None
+            now = time.monotonic()
+            running = ", ".join(
+                f"{lid} {now - t0:.0f}s" + (f"/{mean:.0f}s" if mean else "")
+                for lid, t0 in self._running.items()
+            )
+            eta = ""
+            if mean and self._left > 1:
+                halvings = math.ceil(math.log2(self._left))
+                eta = f" | ~{halvings * self.LIFETIMES_PER_HALVING * mean / 60:.0f} min left"
+            text = (
+                f"bisect: {self._left} candidates left, {self._top or 'no lifetime yet'} | "
+                f"{self._done} lifetimes done"
+                + (f" | running {running}" if running else "")
+                + eta
+                + f" | {self._status}"
+            )
+        return Text(text, no_wrap=True, overflow="ellipsis")
