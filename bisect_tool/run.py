@@ -112,7 +112,9 @@ def open_evaluator(
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     recipe = resolve_weights(recipe, progress=progress)
-    with make_provider(recipe.artifacts, repo_path, log_dir=log_dir, progress=progress) as provider:
+    with make_provider(
+        recipe.artifacts, repo_path, log_dir=log_dir, progress=progress, session=session_id
+    ) as provider:
         if recipe.probe.kind == "op":
             op = OpProbe(recipe.probe, python=recipe.runtime.python or None)
             op_evaluator = OpEvaluator(provider, op, recipe.runtime.env, tags)

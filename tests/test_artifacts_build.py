@@ -161,3 +161,45 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_host_build_carries_the_session_label_so_a_killed_run_can_end_it(tmp_path, project):
+    """kill -9 of bisect mid-build leaves the build running, adopted by init: it carries the
+    session label, so `resume`/`reset` find its process group and end it (children.py)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from bisect_tool.children import end_labelled
+    from bisect_tool.runtime.local import _pids_with_env
+
+    repo, shas = project
+    pid_file = tmp_path / "build.pid"
+    slow = settings(tmp_path, "host", command=f"echo $$ > {pid_file}; exec sleep 120")
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f"""
+        from pathlib import Path
+        from bisect_tool.artifacts import make_provider
+        from bisect_tool.recipe import ArtifactSettings
+        s = ArtifactSettings(**{dataclasses.asdict(slow)!r})
+        with make_provider(s, Path({str(repo)!r}), session="sess-build-1") as p:
+            p.get({shas["v1"]!r})
+    """))
+    driver = subprocess.Popen([sys.executable, str(script)])
+    try:
+        for _ in range(600):  # bounded wait for the build to start (not a timing assertion)
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            time.sleep(0.1)
+        build_pid = int(pid_file.read_text())
+    finally:
+        driver.kill()  # kill -9 of the tool
+        driver.wait()
+    assert _running(build_pid)
+    assert build_pid in _pids_with_env("BISECT_SESSION", "sess-build-1")
+    assert end_labelled("sess-build-1") == 1
+    for _ in range(100):
+        if not _running(build_pid):
+            break
+        time.sleep(0.1)
+    assert not _running(build_pid)

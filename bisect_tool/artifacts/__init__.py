@@ -50,6 +50,7 @@ def make_provider(
     log_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
     retry: RetryPolicy | None = None,
+    session: str = "",
 ) -> CachingProvider:
     """The provider for a recipe's [artifacts] settings. ``http_client`` and ``docker_client``
     are used as given (and not closed); otherwise the provider makes and closes its own."""
@@ -108,6 +109,7 @@ def make_provider(
                     log_dir=log_dir or cache.dirs["logs"],
                     docker_client=docker_client,
                     progress=progress,
+                    session=session,
                 )
             )
     try:

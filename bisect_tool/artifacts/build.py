@@ -71,8 +71,10 @@ class SourceBuild:
         log_dir: Path,
         docker_client: Any = None,
         progress: Callable[[str], None] | None = None,
+        session: str = "",
     ) -> None:
         self.settings = settings
+        self.session = session
         self.repo = repo
         self.scratch = scratch
         self.ccache_dir = ccache_dir
@@ -132,6 +134,10 @@ class SourceBuild:
     def _host(self, src: Path, log: Path) -> int | None:
         """The build's exit status, or None when it ran past the timeout (then killed)."""
         env = {**os.environ, **self._env(), "CCACHE_DIR": str(self.ccache_dir)}
+        if self.session:
+            # labelled like the servers: after a kill -9 of bisect, `resume`/`reset` find the
+            # build's process group by it and end it (children.end_labelled)
+            env["BISECT_SESSION"] = self.session
         if Path("/usr/lib/ccache").is_dir():  # Debian's compiler wrappers: gcc goes via ccache
             env["PATH"] = "/usr/lib/ccache:" + env.get("PATH", "")
         with log.open("wb") as out:
