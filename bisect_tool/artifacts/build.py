@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 from bisect_tool.artifacts.sources import Fetched
 from bisect_tool.errors import ArtifactUnavailable, BuildFailed, InfrastructureError
 from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.runtime.common import LABEL_SESSION, LABEL_TOOL, TOOL_NAME
 from bisect_tool.worktrees import WorktreeError, worktree
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile.base"
@@ -226,7 +227,13 @@ class SourceBuild:
             # Our uid, so the worktree stays removable; host network: no bridge (DESIGN.md).
             user=f"{os.getuid()}:{os.getgid()}",
             network_mode="host",
-            labels={"bisect.role": "build"},
+            # the tool's labels: `reset` (and a docker-backend resume) removes a build container
+            # a kill -9 of bisect left behind, as it does the lifetimes'
+            labels={
+                "bisect.role": "build",
+                LABEL_TOOL: TOOL_NAME,
+                **({LABEL_SESSION: self.session} if self.session else {}),
+            },
         )
         try:
             container.start()
