@@ -558,7 +558,10 @@ def drive_crash(workdir: Path, address: str, out: Path) -> None:
         while time.monotonic() < deadline and driver.poll() is None:
             if journal.exists() and journal.read_text().count('"type": "observation"') >= 2:
                 session = session or str(journal_mod.read(journal).header["session"])
-                in_flight = sorted({_env_of(p, "BISECT_LIFETIME") for p in _servers_of(session)})
+                # servers only: a source build carries the session label too, not a lifetime id
+                in_flight = sorted(
+                    {_env_of(p, "BISECT_LIFETIME") for p in _servers_of(session)} - {""}
+                )
                 if in_flight:
                     break
             time.sleep(0.1)
