@@ -147,6 +147,10 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
     help="Cost of another lifetime.",
 )
 @click.option("--no-controls", is_flag=True, help="Skip the positive/negative controls.")
+@click.option(
+    "--no-narrow", is_flag=True,
+    help="Lifetimes only: skip the recipe's fast probe ([probe] narrow).",
+)
 @progress_options
 @repo_option
 @state_option
@@ -169,6 +173,7 @@ def start(
     cost_new: float | None,
     cost_lifetime: float | None,
     no_controls: bool,
+    no_narrow: bool,
     quiet: bool,
     verbose: bool,
     repo: Path,
@@ -200,6 +205,8 @@ def start(
         )
         if no_controls:
             recipe_obj = recipe_obj.override("probe", controls=False)
+        if no_narrow:
+            recipe_obj = recipe_obj.override("probe", narrow="")
     request = run.StartRequest(
         repo=repo,
         good=good,
@@ -330,6 +337,13 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
         f"lifetimes: {summary['evaluations']} over {summary['candidates_tested']} of "
         f"{summary['candidates']} candidates; p ~ {summary['p_estimate']:.2f}"
     )
+    tiers = summary.get("tiers")
+    if tiers:
+        click.echo(
+            f"tiers: {tiers['phase']}; the {tiers['kind']} probe ran {tiers['narrow_runs']} "
+            f"times and puts the flip at {str(tiers['narrow_flip'])[:12]} "
+            f"({tiers['narrow_confidence']:.1%})"
+        )
 
 
 def _liveness(state: str, repo: Path, state_dir: Path | None) -> str:
@@ -363,8 +377,11 @@ def log(repo: Path, state_dir: Path | None) -> None:
         if kind == "observation":
             click.echo(
                 f"{e['lifetime_id']:<16} {e['commit'][:12]} {e['verdict']:<12} "
-                f"{e.get('message', '')[:80]}"
+                + ("[fast probe] " if e.get("tier") == "narrow" else "")
+                + f"{e.get('message', '')[:80]}"
             )
+        elif kind == "phase":
+            click.echo(f"phase            {e['phase']}: {e.get('message', '')}")
         elif kind == "untestable":
             click.echo(f"untestable       {e['commit'][:12]} {e.get('message', '')[:80]}")
         elif kind == "controls":

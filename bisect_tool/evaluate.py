@@ -19,7 +19,13 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from bisect_tool.errors import AbortError, UntestableError
+from bisect_tool.errors import (
+    AbortError,
+    ArtifactUnavailable,
+    BootFailed,
+    IncompatibleExtension,
+    UntestableError,
+)
 from bisect_tool.events import ArtifactReady, Observer, ignore
 from bisect_tool.interfaces import (
     ArtifactProvider,
@@ -136,6 +142,18 @@ class RunCommandEvaluator:
         return Observation(commit, verdict, lifetime_id, detail, f"exit {code}", elapsed)
 
 
+def untestable_stage(exc: UntestableError) -> str:
+    """Where a candidate could not be run: its artifacts (missing, or the build failed: then no
+    tier can run it), the compatibility gate, or the server's boot."""
+    if isinstance(exc, IncompatibleExtension):
+        return "gate"
+    if isinstance(exc, BootFailed):
+        return "boot"
+    if isinstance(exc, ArtifactUnavailable):  # BuildFailed is one too
+        return "artifacts"
+    return "probe"
+
+
 def swap_facts(swap: SwapSet) -> dict[str, Any]:
     """What the report's environment block says of a candidate's compiled files."""
     return {"swap_sha256": dict(swap.sha256), "swap_source": swap.source}
@@ -199,7 +217,8 @@ class ServerEvaluator(_ArtifactEvaluator):
             result = self.run_lifetime(swap, lifetime_id, {}, sequential=False)
         except UntestableError as exc:
             return Observation(
-                commit, Verdict.UNTESTABLE, lifetime_id, {}, str(exc), time.monotonic() - started
+                commit, Verdict.UNTESTABLE, lifetime_id, {"stage": untestable_stage(exc)},
+                str(exc), time.monotonic() - started,
             )
         detail = dict(result.detail)
         detail["timing"] = {**detail.get("timing", {}), "artifacts_s": round(artifacts_s, 3)}
@@ -250,7 +269,12 @@ class ServerEvaluator(_ArtifactEvaluator):
 
 
 class OpEvaluator(_ArtifactEvaluator):
-    """Artifacts -> the focused op probe on the candidate's extension (no server, no model)."""
+    """Artifacts -> the focused op probe on the candidate's extension (no server, no model).
+
+    As the tiered search's fast probe it is given the faithful tier's ``gate`` too: the op
+    check needs no pinned Python, but the confirm step must know which candidates the pinned
+    stack would reject, so each candidate's gate result rides in its detail (``gate``: "ok" or
+    the op that differs); the op verdict stands either way."""
 
     def __init__(
         self,
@@ -258,25 +282,58 @@ class OpEvaluator(_ArtifactEvaluator):
         op_probe: Any,
         env: Mapping[str, str],
         tags: Mapping[str, Sequence[str]],
+        gate: Callable[[SwapSet], None] | None = None,
     ) -> None:
         super().__init__(provider, tags)
         self.op_probe = op_probe
         self.env = dict(env)
+        self.gate = gate
+        self._gate_results: dict[str, str] = {}
+
+    def _gate_result(self, swap: SwapSet) -> str | None:
+        if self.gate is None:
+            return None
+        with self._lock:
+            known = self._gate_results.get(swap.commit)
+        if known is None:
+            try:
+                self.gate(swap)
+                known = "ok"
+            except IncompatibleExtension as exc:
+                known = str(exc)
+            with self._lock:
+                self._gate_results[swap.commit] = known
+        return known
 
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
         started = time.monotonic()
         try:
             swap = self._swap(commit, tags or self.tags.get(commit, ()))
         except UntestableError as exc:
-            return Observation(commit, Verdict.UNTESTABLE, lifetime_id, {}, str(exc))
-        self._announce(commit, time.monotonic() - started)
+            return Observation(
+                commit, Verdict.UNTESTABLE, lifetime_id, {"stage": untestable_stage(exc)},
+                str(exc), time.monotonic() - started,
+            )
+        artifacts_s = time.monotonic() - started
+        self._announce(commit, artifacts_s)
+        gate = self._gate_result(swap)
         path = next(iter(swap.files.values()))
+        probing = time.monotonic()
         result = self.op_probe.run_extension(path, self.env)
+        detail: dict[str, Any] = {**result.detail, **swap_facts(swap)}
+        detail["timing"] = {
+            "artifacts_s": round(artifacts_s, 3),
+            "probe_s": round(time.monotonic() - probing, 3),
+        }
+        if gate is not None:
+            detail["gate"] = gate
+        if result.verdict is Verdict.UNTESTABLE:
+            detail.setdefault("stage", "probe")
         return Observation(
             commit,
             result.verdict,
             lifetime_id,
-            {**result.detail, **swap_facts(swap)},
+            detail,
             result.message,
             time.monotonic() - started,
         )

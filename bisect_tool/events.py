@@ -36,6 +36,7 @@ class CandidateChosen:
     candidates_left: int  # the 99% credible set's size
     top_sha: str
     top_mass: float
+    tier: str = ""  # "narrow" or "faithful" in a tiered run ("" otherwise)
 
 
 @dataclass(frozen=True)

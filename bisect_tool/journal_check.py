@@ -13,12 +13,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from bisect_tool.tiers import Phase, Tier
 from bisect_tool.values import Direction, Verdict
 
 _VERDICTS = {str(v) for v in Verdict}
 _DIRECTIONS = {str(d) for d in Direction}
+_TIERS = {str(t) for t in Tier}
+_PHASES = {str(p) for p in Phase}
 _SEARCH_NUMBERS = ("confidence", "lifetimes_per_candidate", "max_evaluations",
-                   "max_end_lifetimes", "cost_new_candidate", "cost_lifetime")
+                   "max_end_lifetimes", "cost_new_candidate", "cost_lifetime", "end_doubt",
+                   "stand_in_prior")
 
 
 class ShapeError(ValueError):
@@ -65,6 +69,8 @@ def check_header(entry: Any) -> int:
                 raise ShapeError("has a search confidence outside (0, 1)")
             if key != "confidence" and v < 0:
                 raise ShapeError(f"has a negative search setting '{key}'")
+            if (key == "end_doubt" and v >= 0.5) or (key == "stand_in_prior" and v >= 1):
+                raise ShapeError(f"has a search setting '{key}' out of its range")
     for key in ("session", "mode", "run_command", "repo", "good_ref", "bad_ref"):
         if key in entry and not isinstance(entry[key], str):
             raise ShapeError(f"'{key}' has the wrong type ({type(entry[key]).__name__})")
@@ -93,6 +99,16 @@ def check_entry(entry: Any, candidates: int) -> None:
             raise ShapeError("has a 'detail' that is not an object")
         if not isinstance(entry.get("message", ""), str):
             raise ShapeError("has a 'message' that is not a string")
+        if entry.get("tier", "faithful") not in _TIERS:
+            raise ShapeError(f"has an unknown tier '{entry.get('tier')}'")
+    elif kind == "phase":
+        if _need(entry, "phase", str) not in _PHASES:
+            raise ShapeError(f"has an unknown phase '{entry['phase']}'")
+        if entry["phase"] == "confirm":
+            for key in ("bad_side", "good_side"):
+                side = _need(entry, key, int)
+                if not 0 <= side < candidates:
+                    raise ShapeError(f"has {key} {side} outside the {candidates} candidates")
     elif kind == "end":
         _need(entry, "state", str)
         if not isinstance(entry.get("message", ""), str):

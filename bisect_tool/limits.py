@@ -49,6 +49,8 @@ POSITIVE = Bound(0, low_open=True)
 AT_LEAST_0 = Bound(0)
 AT_LEAST_1 = Bound(1)
 PROBABILITY = Bound(0, 1, low_open=True, high_open=True)
+#: the fast probes a recipe may narrow with before its own probe confirms ("" = none)
+NARROW_KINDS = ("", "op")
 
 BOUNDS: dict[str, dict[str, Bound]] = {
     "search": {
@@ -58,6 +60,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "max_end_lifetimes": AT_LEAST_1,
         "cost_new_candidate": AT_LEAST_0,
         "cost_lifetime": POSITIVE,  # a free lifetime would make every rate infinite
+        # 1 would take the fast probe's flip as proven before any faithful lifetime
+        "stand_in_prior": Bound(0, 1, high_open=True),
     },
     "artifacts": {
         "build_timeout_s": POSITIVE,
@@ -101,6 +105,16 @@ def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
                 raise RecipeError(
                     f"{source}: '{section}.{key}' must be {bound.describe()}, got {item}"
                 )
+    if section == "probe" and values.get("narrow", "") not in NARROW_KINDS:
+        raise RecipeError(
+            f"{source}: 'probe.narrow' must be one of {', '.join(map(repr, NARROW_KINDS))}, "
+            f"got {values['narrow']!r}"
+        )
+    if section == "range" and "release_tag" in values and "{version}" not in values["release_tag"]:
+        raise RecipeError(
+            f"{source}: 'range.release_tag' must contain {{version}} (e.g. \"v{{version}}\"), "
+            f"got {values['release_tag']!r}"
+        )
     if section == "artifacts" and "swap_set" in values:
         for entry in values["swap_set"]:
             problem = relative_problem(entry)

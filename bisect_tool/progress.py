@@ -33,7 +33,9 @@ def describe(event: Event) -> str | None:
     if isinstance(event, CandidateChosen):
         return (
             f"[{event.lifetimes_done} lifetimes, {event.candidates_left} candidates left, top "
-            f"{event.top_mass:.1%} at {event.top_sha[:12]}] {event.reason}: "
+            f"{event.top_mass:.1%} at {event.top_sha[:12]}] "
+            + ("fast probe: " if event.tier == "narrow" else "")
+            + f"{event.reason}: "
             f"{event.sha[:12]} {event.subject[:60]} x{event.lifetimes}"
         )
     if isinstance(event, ControlsEnded):

@@ -15,6 +15,7 @@ from bisect_tool.errors import RangeError
 from bisect_tool.values import Direction
 
 _PR = re.compile(r"\(#(\d+)\)")
+_HEX = re.compile(r"^[0-9a-f]{12,40}$")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,11 @@ class Candidate:
     subject: str
     pr: int | None = None
     tags: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """How messages name it: a commit by its 12-hex prefix, a release by its id."""
+        return self.sha[:12] if _HEX.match(self.sha) else self.sha
 
     def to_dict(self) -> dict[str, object]:
         return {"sha": self.sha, "subject": self.subject, "pr": self.pr, "tags": list(self.tags)}

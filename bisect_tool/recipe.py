@@ -25,6 +25,9 @@ class RangeSettings:
     # Only commits touching these paths are candidates (extension-swap mode): a commit that
     # changes only Python cannot change the swapped compiled files.
     paths: tuple[str, ...] = ()
+    # How a release's tag is spelled in the repository (release-level search goes on to the
+    # commits between two adjacent releases through these tags).
+    release_tag: str = "v{version}"
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,10 @@ class ProbeSettings:
     # The positive control can be as intermittent as the bug: up to this many lifetimes until it
     # diverges (each also runs the negative control).
     control_attempts: int = 3
+    # A fast stand-in probe to narrow the range with before this probe confirms the flip on
+    # both sides of it ("" = none; "op": the op check below on each candidate's extension).
+    # See bisect_tool/tiers.py.
+    narrow: str = ""
     # What the issue being bisected reported, in words; the report compares what the lifetimes
     # showed with it (e.g. "different logprobs across repeats at ~44 co-resident sequences").
     reported_symptom: str = ""
@@ -121,6 +128,9 @@ class SearchSettings:
     # prior probability, for each end, that it does not behave as given (the flip lies beyond
     # the good end; the bad end does not show the bug): the confidence covers the ends too
     end_doubt: float = 0.05
+    # prior probability that the fast probe ([probe] narrow) flips where the faithful probe
+    # does; the confirm step's lifetimes must hold the confidence under it (tiers.py)
+    stand_in_prior: float = 0.5
 
 
 @dataclass(frozen=True)

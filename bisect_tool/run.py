@@ -44,14 +44,43 @@ from bisect_tool.interfaces import Evaluator, ServerProbe
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe
 from bisect_tool.strategy import NoCandidateLeft
+from bisect_tool.tiers import Phase, Tier
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState, aggregate, trusted
 
 ControlsFactory = Callable[[str], "ControlsRunner | Any | None"]
-#: (recipe, repo, session, state dir, tags, observer) -> (evaluator, parallel, controls factory)
+
+
+def _no_controls(_sha: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Evaluators:
+    """What a recipe's run evaluates with: its own probe (``faithful``), the fast stand-in that
+    narrows first (``narrow``, for ``[probe] narrow``), how many lifetimes run at once, and a
+    factory for the controls runner of a commit."""
+
+    faithful: Evaluator
+    parallel: int = 1
+    controls_for: ControlsFactory = _no_controls
+    narrow: Evaluator | None = None
+
+    def for_tier(self, tier: Tier) -> Evaluator:
+        if tier is Tier.NARROW:
+            if self.narrow is None:
+                raise UsageError(
+                    "this run narrows with a fast probe, but its backend has none (the op "
+                    "probe runs with the local or docker backend)"
+                )
+            return self.narrow
+        return self.faithful
+
+
+#: (recipe, repo, session, state dir, tags, observer) -> the evaluators, closed on exit
 EvaluatorFactory = Callable[
     [Recipe, Path, str, Path, Mapping[str, Sequence[str]], Observer],
-    AbstractContextManager[tuple[Evaluator, int, ControlsFactory]],
+    AbstractContextManager[Evaluators],
 ]
 
 
@@ -96,11 +125,8 @@ def open_evaluator(
     state_dir: Path,
     tags: Mapping[str, Sequence[str]],
     observer: Observer = ignore,
-) -> Iterator[tuple[Evaluator, int, ControlsFactory]]:
-    """The evaluator a recipe describes, with everything it opened closed on exit.
-
-    Yields (evaluator, how many lifetimes may run at once, a factory for the controls runner).
-    """
+) -> Iterator[Evaluators]:
+    """The evaluators a recipe describes, with everything they opened closed on exit."""
     from bisect_tool.artifacts import make_provider
     from bisect_tool.probes.op import OpProbe
     from bisect_tool.probes.server import ServerDeterminismProbe
@@ -119,9 +145,14 @@ def open_evaluator(
             op = OpProbe(recipe.probe, python=recipe.runtime.python or None)
             op_evaluator = OpEvaluator(provider, op, recipe.runtime.env, tags)
             op_evaluator.observer = observer
-            yield op_evaluator, 1, lambda _sha: None
+            yield Evaluators(op_evaluator)
             return
         if recipe.runtime.backend == "ray":
+            if recipe.probe.narrow:
+                raise UsageError(
+                    "[probe] narrow runs the fast probe where the tool runs; with --backend ray "
+                    "use --no-narrow, or the local or docker backend"
+                )
             # Lifetimes are Ray tasks; as many run at once as the cluster has free GPUs.
             from bisect_tool.runtime.ray_backend import ray_evaluator
 
@@ -129,7 +160,7 @@ def open_evaluator(
                 provider, recipe, session=session_id, tags=tags, progress=progress
             ) as ray_eval:
                 # Its controls runner has ControlsRunner's interface: run() -> the journal entry.
-                yield ray_eval, ray_eval.parallel, ray_eval.controls_for
+                yield Evaluators(ray_eval, ray_eval.parallel, ray_eval.controls_for)
             return
         backend = make_backend(recipe.runtime, session=session_id, log_dir=log_dir)
         try:
@@ -160,7 +191,20 @@ def open_evaluator(
                     attempts=recipe.probe.control_attempts,
                 )
 
-            yield evaluator, pool.size, controls_for
+            narrow = None
+            if recipe.probe.narrow == "op":
+                # The fast stand-in: the op check on the same artifacts (one cache), under the
+                # pinned interpreter. It also asks the gate whether the faithful tier could run
+                # each candidate, so the confirm step never picks one the pinned stack rejects.
+                narrow = OpEvaluator(
+                    provider,
+                    OpProbe(recipe.probe, python=recipe.runtime.python or None),
+                    recipe.runtime.env,
+                    tags,
+                    gate=backend.check_compatible,
+                )
+                narrow.observer = observer
+            yield Evaluators(evaluator, pool.size, controls_for, narrow)
         finally:
             close = getattr(backend, "close", None)
             if close is not None:
@@ -249,10 +293,10 @@ def resume(
         tags = {c.sha: c.tags for c in state.candidates}
         with evaluator_factory(
             recipe, Path(header["repo"]), header["session"], journal_path.parent, tags, observer
-        ) as (evaluator, parallel, controls_for):
+        ) as evaluators:
             _environment(journal, state, contents, recipe)
-            _controls(journal, state, recipe, controls_for, observer)
-            Loop(journal, state, evaluator, parallel=parallel, observer=observer).run()
+            _controls(journal, state, recipe, evaluators.controls_for, observer)
+            Loop(journal, state, evaluators, observer=observer).run()
     return _outcome(state)
 
 
@@ -324,71 +368,95 @@ def _outcome(state: session.State, next_candidate: Candidate | None = None) -> O
 
 
 class Loop:
-    """Runs the search to the end, journaling each observation before the next step."""
+    """Runs the search to the end, journaling each observation before the next step.
+
+    ``session.next_step`` decides what comes next (a tier's lifetimes, a phase entry of the
+    tiered search, or the end); the loop only carries it out."""
 
     def __init__(
         self,
         journal: journal_mod.Journal,
         state: session.State,
-        evaluator: Evaluator,
+        evaluators: Evaluators | Evaluator,
         *,
-        parallel: int = 1,
         observer: Observer = ignore,
     ) -> None:
         self.journal = journal
         self.state = state
-        self.evaluator = evaluator
-        self.parallel = max(1, parallel)
+        self.evaluators = (
+            evaluators if isinstance(evaluators, Evaluators) else Evaluators(evaluators)
+        )
+        self.parallel = max(1, self.evaluators.parallel)
         self.observer = observer
-        self._durations: list[float] = []
+        self._durations: dict[Tier, list[float]] = {Tier.NARROW: [], Tier.FAITHFUL: []}
 
     def run(self) -> dict[str, Any]:
         state = self.state
         while True:
-            reason = session.stop_reason(state)
-            if reason is not None:
-                return self._end(*reason)
+            step = session.next_step(state)
+            if isinstance(step, session.Stop):
+                return self._end(step.state, step.message)
+            if isinstance(step, session.Switch):
+                _append(self.journal, state, step.entry)
+                self.observer(Note(str(step.entry.get("message", ""))))
+                continue
+            tier = step.tier
+            strategy = state.strategy_for(tier)
+            # the run's own costs, as measured so far (the recipe's until then)
+            strategy.costs = state.measured_costs(tier)
             try:
-                batch = state.strategy.select_batch(self.parallel)
+                batch = strategy.select_batch(self.parallel, step.within)
             except NoCandidateLeft as exc:
+                if tier is Tier.NARROW or step.within is not None:
+                    _append(self.journal, state, {
+                        "type": "phase", "phase": str(Phase.FAITHFUL),
+                        "message": f"the tiered search cannot go on ({exc}); going on with "
+                                   "lifetimes over the whole range",
+                    })
+                    continue
                 return self._end(EndState.NO_CANDIDATE, str(exc))
+            evaluator = self.evaluators.for_tier(tier)
             work: list[tuple[int, Candidate, str]] = []
             for choice in batch:
                 candidate = state.candidates[choice.position]
                 count = choice.lifetimes if self.parallel > 1 else 1
-                ids = state.next_lifetime_ids(candidate.sha, count)
+                ids = state.next_lifetime_ids(candidate.sha, count, tier)
                 state.seen_lifetimes.update(ids)  # reserved until journaled, then re-added
                 work += [(choice.position, candidate, lid) for lid in ids]
-                self._chosen(candidate, choice.reason, len(ids))
+                self._chosen(tier, candidate, choice.reason, len(ids))
             for _, _, lid in work:
                 state.seen_lifetimes.discard(lid)
-            hints = state.strategy.next_midpoints(batch[0].position)
+            hints = strategy.next_midpoints(batch[0].position)
             if hints:
-                self.evaluator.prepare(sorted({state.candidates[p].sha for p in hints}))
+                evaluator.prepare(sorted({state.candidates[p].sha for p in hints}))
             if len(work) == 1:
                 position, candidate, lid = work[0]
-                self._record(self._evaluate(candidate, lid), position)
+                self._record(tier, self._evaluate(tier, evaluator, candidate, lid), position)
                 continue
             with ThreadPoolExecutor(max_workers=len(work)) as pool:
                 futures = {
-                    pool.submit(self._evaluate, c, lid): position for position, c, lid in work
+                    pool.submit(self._evaluate, tier, evaluator, c, lid): position
+                    for position, c, lid in work
                 }
                 try:
                     # journal each lifetime as it comes back, not in submission order
                     for fut in as_completed(futures):
-                        self._record(fut.result(), futures[fut])
+                        self._record(tier, fut.result(), futures[fut])
                 except BaseException:
                     # Ctrl-C or a failed lifetime: stop the others now (e.g. cancel their
                     # Ray tasks), not after the pool has waited for them all.
-                    cancel = getattr(self.evaluator, "cancel", None)
+                    cancel = getattr(evaluator, "cancel", None)
                     if cancel is not None:
                         cancel()
                     raise
 
-    def _evaluate(self, candidate: Candidate, lifetime_id: str) -> Observation:
-        mean = sum(self._durations) / len(self._durations) if self._durations else None
+    def _evaluate(
+        self, tier: Tier, evaluator: Evaluator, candidate: Candidate, lifetime_id: str
+    ) -> Observation:
+        done = self._durations[tier]
+        mean = sum(done) / len(done) if done else None
         self.observer(LifetimeStarted(candidate.sha, lifetime_id, mean))
-        obs = self.evaluator.evaluate(candidate.sha, lifetime_id, candidate.tags)
+        obs = evaluator.evaluate(candidate.sha, lifetime_id, candidate.tags)
         self.observer(
             LifetimeEnded(
                 obs.commit, lifetime_id, str(obs.verdict), obs.message, obs.duration_s, obs.detail
@@ -396,11 +464,11 @@ class Loop:
         )
         return obs
 
-    def _record(self, obs: Observation, position: int) -> None:
-        _append(self.journal, self.state, session.observation_entry(obs, position))
+    def _record(self, tier: Tier, obs: Observation, position: int) -> None:
+        _append(self.journal, self.state, session.observation_entry(obs, position, tier))
         if obs.duration_s:
-            self._durations.append(obs.duration_s)
-        s = self.state.strategy
+            self._durations[tier].append(obs.duration_s)
+        s = self.state.strategy_for(tier)
         block, mass = s.top_block()
         self.observer(
             PosteriorMoved(
@@ -411,8 +479,8 @@ class Loop:
             )
         )
 
-    def _chosen(self, candidate: Candidate, reason: str, lifetimes: int) -> None:
-        s = self.state.strategy
+    def _chosen(self, tier: Tier, candidate: Candidate, reason: str, lifetimes: int) -> None:
+        s = self.state.strategy_for(tier)
         block, mass = s.top_block()
         self.observer(
             CandidateChosen(
@@ -424,6 +492,7 @@ class Loop:
                 len(s.credible_set(0.99)),
                 self.state.candidates[block[0]].sha,
                 mass,
+                str(tier) if self.state.tiered else "",
             )
         )
 
@@ -489,9 +558,10 @@ def probe_commit(
     control_entry: dict[str, Any] | None = None
     with _scratch(state_dir) as state, sigterm_raises(), evaluator_factory(
         recipe, repo_path.resolve(), session_id, state, tags, observer
-    ) as (evaluator, _parallel, controls_for):
+    ) as evaluators:
+        evaluator = evaluators.faithful
         if controls:
-            runner = controls_for(sha)
+            runner = evaluators.controls_for(sha)
             assert runner is not None  # a server probe always has a controls runner
             observer(Note("running the controls (invariance off: concurrent, then sequential)"))
             control_entry = runner.run()

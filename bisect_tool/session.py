@@ -15,10 +15,22 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool import __version__
+from bisect_tool.errors import StateError
 from bisect_tool.journal import JOURNAL_VERSION, Journal, JournalContents
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import SearchSettings
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, Priors
+from bisect_tool.tiers import (
+    NARROW_END_RUNS,
+    MixturePrior,
+    Phase,
+    Sides,
+    Tier,
+    confirm_sides,
+    disagreement,
+    mixture_prior,
+    stand_in_probability,
+)
 from bisect_tool.values import Direction, Observation, SearchState, Verdict
 from bisect_tool.verdict import (
     MAX_INCONCLUSIVE_STREAK,
@@ -27,6 +39,10 @@ from bisect_tool.verdict import (
     aggregate,
     evidence,
 )
+
+#: an UNTESTABLE lifetime's stage (its detail's ``stage``) that makes the candidate untestable
+#: for both tiers: the artifact itself is missing or does not build
+SHARED_STAGES = ("artifacts",)
 
 
 def header_for(
@@ -64,8 +80,21 @@ def search_settings(header: dict[str, Any]) -> SearchSettings:
 
 
 @dataclass
+class TierTimes:
+    """What a tier's work took, from its journaled observations (seconds)."""
+
+    lifetime_s: list[float] = dataclasses.field(default_factory=list)  # without the artifact
+    artifact_s: list[float] = dataclasses.field(default_factory=list)  # first fetch/build only
+
+
+@dataclass
 class State:
-    """The search rebuilt from a journal."""
+    """The search rebuilt from a journal.
+
+    ``strategy`` is the faithful search (the recipe's own probe: server lifetimes, a ``--run``
+    command, manual verdicts). A tiered recipe (``[probe] narrow``) also has ``narrow``, the
+    fast probe's search, and moves through the phases of ``bisect_tool.tiers``.
+    """
 
     header: dict[str, Any]
     candidates: tuple[Candidate, ...]
@@ -75,12 +104,36 @@ class State:
     seen_lifetimes: set[str]
     end: dict[str, Any] | None = None
     controls: dict[str, Any] | None = None
-    inconclusive_streak: dict[int, int] = dataclasses.field(default_factory=dict)
+    inconclusive_streak: dict[tuple[Tier, int], int] = dataclasses.field(default_factory=dict)
     verdicts: dict[int, list[Verdict]] = dataclasses.field(default_factory=dict)
+    narrow: BayesianStrategy | None = None
+    phase: Phase = Phase.FAITHFUL
+    sides: Sides | None = None  # the confirm step's two candidates
+    prior: MixturePrior | None = None  # the faithful prior from the confirm step on
+    phases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    narrow_verdicts: dict[int, list[Verdict]] = dataclasses.field(default_factory=dict)
+    times: dict[Tier, TierTimes] = dataclasses.field(
+        default_factory=lambda: {Tier.NARROW: TierTimes(), Tier.FAITHFUL: TierTimes()}
+    )
+    runs: dict[Tier, int] = dataclasses.field(
+        default_factory=lambda: {Tier.NARROW: 0, Tier.FAITHFUL: 0}
+    )
+    _fetched: set[int] = dataclasses.field(default_factory=set)
 
     @property
     def direction(self) -> Direction:
         return Direction(self.header["direction"])
+
+    @property
+    def tiered(self) -> bool:
+        return self.narrow is not None
+
+    def strategy_for(self, tier: Tier) -> BayesianStrategy:
+        if tier is Tier.NARROW:
+            if self.narrow is None:
+                raise StateError("the journal has a narrow-tier entry but no narrow tier")
+            return self.narrow
+        return self.strategy
 
     def apply(self, entry: dict[str, Any]) -> None:
         kind = entry.get("type")
@@ -89,50 +142,133 @@ class State:
             if lid and lid in self.seen_lifetimes:
                 return  # idempotent: a retried lifetime is not counted twice
             self.seen_lifetimes.add(lid)
-            pos = int(entry["position"])
-            commit = entry["commit"]
-            self.lifetimes_by_commit[commit] = self.lifetimes_by_commit.get(commit, 0) + 1
-            self.verdicts.setdefault(pos, []).append(Verdict(entry["verdict"]))
-            seen = evidence(Verdict(entry["verdict"]))
-            if seen is Evidence.NOTHING:
-                # No evidence either way; but a candidate where the probe can never decide
-                # (e.g. the target batch never forms) must not be retried forever.
-                streak = self.inconclusive_streak.get(pos, 0) + 1
-                self.inconclusive_streak[pos] = streak
-                if streak >= MAX_INCONCLUSIVE_STREAK:
-                    if self.strategy.counts.total[pos]:
-                        self.strategy.retire(pos)  # keep the conclusive lifetimes it gave
-                    else:
-                        self.strategy.mark_untestable(pos)
-                return
-            self.inconclusive_streak[pos] = 0
-            if seen is Evidence.BUG:
-                self.strategy.record(pos, True)
-            elif seen is Evidence.NO_BUG:
-                self.strategy.record(pos, False)
-            elif seen is Evidence.CANNOT_RUN and not self.strategy.counts.total[pos]:
-                # A candidate that never gave a conclusive lifetime is untestable (no artifact,
-                # build or boot failure, incompatible ops). One that already did keeps its
-                # evidence: a later crash says nothing about the bug either way.
-                self.strategy.mark_untestable(pos)
+            tier = Tier(entry.get("tier") or Tier.FAITHFUL)
+            self._observe(tier, entry)
         elif kind == "untestable":
             self.verdicts.setdefault(int(entry["position"]), []).append(Verdict.UNTESTABLE)
             self.strategy.mark_untestable(int(entry["position"]))
         elif kind == "controls":
             self.controls = entry
+        elif kind == "phase":
+            self._enter(entry)
         elif kind == "end":
             self.end = entry
+
+    def _observe(self, tier: Tier, entry: dict[str, Any]) -> None:
+        strategy = self.strategy_for(tier)
+        pos = int(entry["position"])
+        commit = entry["commit"]
+        key = f"{tier}:{commit}" if tier is Tier.NARROW else commit
+        self.lifetimes_by_commit[key] = self.lifetimes_by_commit.get(key, 0) + 1
+        self.runs[tier] += 1
+        verdict = Verdict(entry["verdict"])
+        (self.narrow_verdicts if tier is Tier.NARROW else self.verdicts).setdefault(
+            pos, []).append(verdict)
+        raw = entry.get("detail")
+        detail: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        self._time(tier, pos, entry, detail)
+        seen = evidence(verdict)
+        if seen is not Evidence.CANNOT_RUN or detail.get("stage") not in SHARED_STAGES:
+            # its artifacts are at hand: the other tier switches to it for free
+            for other in (self.strategy, self.narrow):
+                if other is not None:
+                    other.artifacts_ready.add(pos)
+        rejected = tier is Tier.NARROW and detail.get("gate") not in (None, "ok")
+        if rejected and not self.strategy.counts.total[pos]:
+            # The fast probe ran, but the pinned stack rejects this candidate's extension: the
+            # faithful tier cannot run it (the op is named in the gate's message).
+            self.strategy.mark_untestable(pos)
+        if seen is Evidence.NOTHING:
+            # No evidence either way; but a candidate where the probe can never decide
+            # (e.g. the target batch never forms) must not be retried forever.
+            streak = self.inconclusive_streak.get((tier, pos), 0) + 1
+            self.inconclusive_streak[(tier, pos)] = streak
+            if streak >= MAX_INCONCLUSIVE_STREAK:
+                if strategy.counts.total[pos]:
+                    strategy.retire(pos)  # keep the conclusive lifetimes it gave
+                else:
+                    strategy.mark_untestable(pos)
+            return
+        self.inconclusive_streak[(tier, pos)] = 0
+        if seen is Evidence.BUG:
+            strategy.record(pos, True)
+        elif seen is Evidence.NO_BUG:
+            strategy.record(pos, False)
+        elif seen is Evidence.CANNOT_RUN:
+            # A candidate that never gave a conclusive lifetime is untestable (no artifact,
+            # build or boot failure, incompatible ops). One that already did keeps its
+            # evidence: a later crash says nothing about the bug either way.
+            shared = detail.get("stage") in SHARED_STAGES
+            for each in (strategy, *((self.strategy, self.narrow) if shared else ())):
+                if each is not None and not each.counts.total[pos]:
+                    each.mark_untestable(pos)
+
+    def _time(self, tier: Tier, pos: int, entry: dict[str, Any], detail: dict[str, Any]) -> None:
+        """The run's own costs (``measured_costs``): what a lifetime took beyond its artifact,
+        and what getting a candidate's artifact took the first time (later ones hit the
+        cache, which ``artifacts_ready`` already prices at nothing)."""
+        raw = detail.get("timing")
+        timing: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        try:
+            total = float(entry.get("duration_s") or 0.0)
+            artifact = float(timing.get("artifacts_s") or 0.0)
+        except (TypeError, ValueError):
+            return
+        if total <= 0:
+            return
+        times = self.times[tier]
+        times.lifetime_s.append(max(total - artifact, 0.0))
+        if pos not in self._fetched:
+            self._fetched.add(pos)
+            times.artifact_s.append(artifact)
+
+    def _enter(self, entry: dict[str, Any]) -> None:
+        phase = Phase(entry["phase"])
+        if phase is Phase.CONFIRM:
+            self.sides = Sides(int(entry["bad_side"]), int(entry["good_side"]))
+            narrow = self.strategy_for(Tier.NARROW)
+            self.prior = mixture_prior(
+                narrow, self.settings.stand_in_prior, self.settings.end_doubt
+            )
+            self.strategy.set_prior(self.prior.in_range, self.prior.ends)
+        self.phase = phase
+        self.phases.append(entry)
+
+    def measured_costs(self, tier: Tier) -> Costs:
+        """The costs the strategy chooses by: the recipe's only until the run measured its own
+        (seconds per lifetime, per new candidate's artifact)."""
+        guess = Costs(self.settings.cost_new_candidate, self.settings.cost_lifetime)
+        times = self.times[tier]
+        if not times.lifetime_s:
+            return guess
+        lifetime = max(sum(times.lifetime_s) / len(times.lifetime_s), 1e-3)
+        if times.artifact_s:
+            new = sum(times.artifact_s) / len(times.artifact_s)
+        else:
+            new = lifetime * guess.new_candidate / guess.lifetime
+        return Costs(new_candidate=new, lifetime=lifetime)
+
+    def stand_in_probability(self) -> float | None:
+        """P(the fast probe is a valid stand-in | the faithful lifetimes), once confirming."""
+        if self.prior is None:
+            return None
+        return stand_in_probability(self.strategy, self.prior)
 
     def candidate_verdict(self, position: int) -> Verdict:
         """The candidate's verdict over its journaled lifetimes (``verdict.aggregate``)."""
         return aggregate(self.verdicts.get(position, ()))
 
-    def next_lifetime_ids(self, commit: str, count: int = 1) -> list[str]:
-        """Stable ids ``<sha12>-<n>``: a resumed run never reuses one already journaled."""
+    def next_lifetime_ids(
+        self, commit: str, count: int = 1, tier: Tier = Tier.FAITHFUL
+    ) -> list[str]:
+        """Stable ids ``<sha12>-<n>`` (``<sha12>-narrow-<n>`` for the fast probe's runs): a
+        resumed run never reuses one already journaled."""
         ids: list[str] = []
-        n = self.lifetimes_by_commit.get(commit, 0)
+        key = f"{tier}:{commit}" if tier is Tier.NARROW else commit
+        n = self.lifetimes_by_commit.get(key, 0)
+        infix = "-narrow" if tier is Tier.NARROW else ""
         while len(ids) < count:
-            lid = f"{commit[:12]}-{n}"
+            lid = f"{commit[:12]}{infix}-{n}"
             n += 1
             if lid not in self.seen_lifetimes:
                 ids.append(lid)
@@ -156,12 +292,30 @@ class State:
             posterior=(0.0, *(float(x) for x in self.strategy.posterior())),
             good_end_doubt=s.good_end_doubt,
             bad_end_doubt=s.bad_end_doubt,
+            tiers=self._tier_facts(),
         )
+
+    def _tier_facts(self) -> dict[str, Any] | None:
+        if self.narrow is None:
+            return None
+        block, mass = self.narrow.top_block()
+        return {
+            "kind": narrow_kind(self.header),
+            "phase": str(self.phase),
+            "narrow_flip": self.candidates[block[0]].sha,
+            "narrow_confidence": mass,
+            "narrow_runs": self.runs[Tier.NARROW],
+            "faithful_lifetimes": self.runs[Tier.FAITHFUL],
+            "sides": None if self.sides is None else [self.sides.bad, self.sides.good],
+            "stand_in_prior": self.settings.stand_in_prior,
+            "stand_in_probability": self.stand_in_probability(),
+        }
 
     def summary(self) -> dict[str, Any]:
         """``status --json``: the search state under the names the CLI documents."""
         st = self.search_state()
         return {
+            "tiers": st.tiers,
             "state": st.state,
             "direction": st.direction,
             "flip_commit": st.flip_block[0] if len(st.flip_block) == 1 else None,
@@ -182,25 +336,41 @@ class State:
         }
 
 
+def narrow_kind(header: dict[str, Any]) -> str:
+    """The fast probe a recipe run narrows with ("" = none): ``[probe] narrow``."""
+    if header.get("mode") != "recipe":
+        return ""
+    probe = (header.get("recipe") or {}).get("probe") or {}
+    return str(probe.get("narrow") or "")
+
+
 def replay(contents: JournalContents) -> State:
     header = contents.header
     candidates = tuple(Candidate.from_dict(c) for c in header["candidates"])
     settings = search_settings(header)
-    strategy = BayesianStrategy(
-        len(candidates),
-        Direction(header["direction"]),
-        costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
-        confidence=settings.confidence,
-        priors=Priors(end_doubt=settings.end_doubt),
-    )
-    state = State(header, candidates, strategy, settings, {}, set())
+
+    def new_strategy() -> BayesianStrategy:
+        return BayesianStrategy(
+            len(candidates),
+            Direction(header["direction"]),
+            costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
+            confidence=settings.confidence,
+            priors=Priors(end_doubt=settings.end_doubt),
+        )
+
+    state = State(header, candidates, new_strategy(), settings, {}, set())
+    if narrow_kind(header):
+        state.narrow = new_strategy()
+        state.phase = Phase.NARROW
     for entry in contents.entries:
         state.apply(entry)
     return state
 
 
-def observation_entry(obs: Observation, position: int) -> dict[str, Any]:
-    return {
+def observation_entry(
+    obs: Observation, position: int, tier: Tier = Tier.FAITHFUL
+) -> dict[str, Any]:
+    entry = {
         "type": "observation",
         "lifetime_id": obs.lifetime_id,
         "commit": obs.commit,
@@ -210,40 +380,180 @@ def observation_entry(obs: Observation, position: int) -> dict[str, Any]:
         "message": obs.message,
         "duration_s": round(obs.duration_s, 3),
     }
+    if tier is not Tier.FAITHFUL:  # absent = faithful: journals before tiers read the same
+        entry["tier"] = str(tier)
+    return entry
+
+
+@dataclass(frozen=True)
+class Run:
+    """Next: lifetimes of ``tier``, chosen ``within`` two candidates or over the range."""
+
+    tier: Tier
+    within: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Stop:
+    state: EndState
+    message: str
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Next: journal this ``phase`` entry (the tiered search moves on), then decide again."""
+
+    entry: dict[str, Any]
+
+
+Step = Run | Stop | Switch
+
+
+def next_step(state: State) -> Step:
+    """What the run does next: the one place that decides between the tiers' phases."""
+    if state.phase is Phase.NARROW:
+        return _narrow_step(state)
+    if state.phase is Phase.CONFIRM:
+        return _confirm_step(state)
+    reason = stop_reason(state)
+    return Run(Tier.FAITHFUL) if reason is None else Stop(*reason)
+
+
+def _narrow_step(state: State) -> Step:
+    narrow = state.strategy_for(Tier.NARROW)
+    settings = dataclasses.replace(
+        state.settings, max_end_lifetimes=min(state.settings.max_end_lifetimes, NARROW_END_RUNS)
+    )
+    runs = state.runs[Tier.NARROW]
+    reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe")
+    if reason is None and not narrow.counts.total.any() and len(narrow.counts.untestable) >= 2:
+        # Two candidates in a row the fast probe could not run, and none it could: it cannot
+        # run here (no PyTorch for the op check, say), not a property of those candidates.
+        reason = (EndState.NO_CANDIDATE,
+                  f"it ran on none of {len(narrow.counts.untestable)} candidates; `bisect log` "
+                  "has its messages")
+    if reason is None:
+        return Run(Tier.NARROW)
+    end, message = reason
+    kind = narrow_kind(state.header) or "fast"
+    if end is EndState.DONE:
+        sides = confirm_sides(narrow, state.strategy)
+        block, mass = narrow.top_block()
+        flip = state.candidates[block[0]]
+        if sides is not None:
+            bad, good = (state.candidates[sides.bad], state.candidates[sides.good])
+            return Switch({
+                "type": "phase",
+                "phase": str(Phase.CONFIRM),
+                "bad_side": sides.bad,
+                "good_side": sides.good,
+                "narrow_flip": flip.sha,
+                "narrow_confidence": mass,
+                "message": (
+                    f"the {kind} probe put the flip at {flip.label} ({mass:.1%}) in "
+                    f"{state.runs[Tier.NARROW]} runs; confirming with lifetimes on both sides: "
+                    f"{bad.label} (bug expected) and {good.label} (none expected)"
+                ),
+            })
+        message = "no candidate beside its flip can run with the faithful probe"
+    return Switch({
+        "type": "phase",
+        "phase": str(Phase.FAITHFUL),
+        "message": (
+            f"the {kind} probe could not narrow the range ({message}); going on with "
+            "lifetimes over the whole range"
+        ),
+    })
+
+
+def _confirm_step(state: State) -> Step:
+    s, sides = state.strategy, state.sides
+    assert sides is not None
+    budget = state.settings.max_evaluations
+    if sides.bad in s.counts.untestable or sides.good in s.counts.untestable:
+        moved = confirm_sides(state.strategy_for(Tier.NARROW), s)
+        if moved is not None and moved != sides:
+            bad, good = state.candidates[moved.bad], state.candidates[moved.good]
+            return Switch({
+                "type": "phase", "phase": str(Phase.CONFIRM),
+                "bad_side": moved.bad, "good_side": moved.good,
+                "message": (f"a side of the flip cannot run with the faithful probe; confirming "
+                            f"at {bad.label} and {good.label} instead"),
+            })
+        return Switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
+            "no candidate beside the fast probe's flip can run with the faithful probe; going "
+            "on with lifetimes over the whole range")})
+    # Both sides must have spoken: the prior alone (the fast probe's flip) is never the answer.
+    if s.counts.divergent[sides.bad] and s.counts.total[sides.good] and s.done():
+        return Stop(EndState.DONE, "the flip holds the asked confidence")
+    which = disagreement(s, sides)
+    if which is not None:
+        pos = sides.bad if which == "bad" else sides.good
+        d, t = int(s.counts.divergent[pos]), int(s.counts.total[pos])
+        saw = (f"did not show the bug at {state.candidates[pos].label}, where the fast probe "
+               f"did ({d} of {t} lifetimes divergent)" if which == "bad" else
+               f"showed the bug at {state.candidates[pos].label}, where the fast probe did not "
+               f"({d} of {t} lifetimes divergent)")
+        return Switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
+            f"the faithful probe {saw}: the fast probe is not a stand-in for this bug here; "
+            "going on with lifetimes over the whole range, every observation kept")})
+    if state.runs[Tier.FAITHFUL] >= budget:
+        return Stop(EndState.BUDGET, f"budget of {budget} lifetimes exhausted")
+    return Run(Tier.FAITHFUL, sides.as_tuple())
 
 
 def stop_reason(state: State) -> tuple[EndState, str] | None:
-    """Why the search should stop now, if it should."""
-    s, settings = state.strategy, state.settings
-    bad, good = s.bad_end, s.good_end
+    """Why the (faithful) search should stop now, if it should."""
+    return _stop_reason(
+        state, state.strategy, state.settings, state.runs[Tier.FAITHFUL], "lifetimes"
+    )
+
+
+def _stop_reason(
+    state: State,
+    s: BayesianStrategy,
+    settings: SearchSettings,
+    spent: int,
+    unit: str,
+) -> tuple[EndState, str] | None:
     counts = s.counts
+    bad, good = s.effective_ends()
     for end, name in ((bad, "bad"), (good, "good")):
-        if end in counts.untestable:
+        if end is None:
+            nominal = s.bad_end if name == "bad" else s.good_end
             return EndState.END_UNTESTABLE, (
-                f"the {name} end {state.candidates[end].sha[:12]} is untestable; pick another "
-                f"--{name} commit"
+                f"the {name} end {state.candidates[nominal].label} is untestable and so is "
+                f"every candidate next to it; pick another --{name}"
             )
+    assert bad is not None and good is not None
+    stand_in = "" if bad == s.bad_end else (
+        f" (standing in for the untestable bad end {state.candidates[s.bad_end].label})")
     if counts.divergent[bad] == 0 and counts.total[bad] >= settings.max_end_lifetimes:
         return EndState.BAD_END_NEVER, (
-            f"the bad end {state.candidates[bad].sha[:12]} never showed the bug in "
-            f"{counts.total[bad]} lifetimes: nothing to bisect (check the recipe, or raise "
+            f"the bad end {state.candidates[bad].label}{stand_in} never showed the bug in "
+            f"{counts.total[bad]} {unit}: nothing to bisect (check the recipe, or raise "
             "max_end_lifetimes)"
         )
     contradicted = s.contradicted_end() if counts.total[bad] and counts.total[good] else None
     if contradicted is not None:
-        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted)
+        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
     if counts.total[bad] and counts.divergent[bad] and counts.total[good] and s.done():
         return EndState.DONE, "the flip holds the asked confidence"
-    if len(state.seen_lifetimes) >= settings.max_evaluations:
-        return EndState.BUDGET, f"budget of {settings.max_evaluations} lifetimes exhausted"
+    if spent >= settings.max_evaluations:
+        return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"
     return None
 
 
-def ends_contradict_message(state: State, end: str) -> str:
+def ends_contradict_message(
+    state: State, end: str, strategy: BayesianStrategy | None = None
+) -> str:
     """One line: which end, what it saw, what to do."""
-    s = state.strategy
-    pos = s.good_end if end == "good" else s.bad_end
-    sha = state.candidates[pos].sha[:12]
+    s = strategy or state.strategy
+    bad, good = s.effective_ends()
+    pos = (good if end == "good" else bad)
+    if pos is None:
+        pos = s.good_end if end == "good" else s.bad_end
+    sha = state.candidates[pos].label
     d, t = int(s.counts.divergent[pos]), int(s.counts.total[pos])
     beyond, not_bad = s.end_doubts()
     if end == "good":

@@ -198,6 +198,8 @@ class BayesianStrategy:
         self.counts = Counts(np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64))
         self.prepared: set[int] = set()
         self.retired: set[int] = set()
+        #: positions whose artifacts are at hand although this search has not run them yet
+        self.artifacts_ready: set[int] = set()
         self._bb_p = _BetaBinomial(self.priors.p_alpha, self.priors.p_beta)
         self._bb_q = _BetaBinomial(self.priors.q_alpha, self.priors.q_beta)
         self._hyp = np.arange(1, self.n + 1)
@@ -214,9 +216,12 @@ class BayesianStrategy:
             raise ValueError("end_doubt must be in [0, 0.5)")
         # prior weight of each end hypothesis relative to one in-range flip, whose prior is
         # (1 - 2 doubt) / n; -inf switches them off
-        self._end_log_prior = (
-            math.log(doubt * self.n / (1 - 2 * doubt)) if doubt > 0 else -math.inf
-        )
+        end_log_prior = math.log(doubt * self.n / (1 - 2 * doubt)) if doubt > 0 else -math.inf
+        # Log prior weight (relative) of each in-range hypothesis f = 1..n and of the two end
+        # hypotheses: uniform by default; ``set_prior`` replaces them (the tiered search's
+        # confirm step starts from what the fast probe found: bisect_tool.tiers).
+        self._log_prior = np.zeros(self.n)
+        self._end_log_prior = np.array([end_log_prior, end_log_prior])
         self._posterior: np.ndarray | None = None
         self._base: _Base | None = None
 
@@ -229,6 +234,44 @@ class BayesianStrategy:
     @property
     def good_end(self) -> int:
         return 0 if self.direction is Direction.REGRESSION else self.n
+
+    def effective_ends(self) -> tuple[int | None, int | None]:
+        """(bad, good) as the search checks them: the given ends, or, where one is untestable
+        (a release whose extension the pinned stack rejects, a commit that does not build), the
+        nearest testable candidate toward the other end, which stands in for it. None when no
+        candidate on the way is testable. The hypotheses still span the whole range."""
+        untestable = self.counts.untestable
+
+        def walk(start: int, stop: int) -> int | None:
+            step = 1 if stop > start else -1
+            for i in range(start, stop, step):
+                if i not in untestable:
+                    return i
+            return None
+
+        good = walk(self.good_end, self.bad_end)
+        bad = walk(self.bad_end, good if good is not None else self.good_end)
+        return bad, good
+
+    def set_prior(self, in_range: np.ndarray, ends: tuple[float, float]) -> None:
+        """Replace the prior: ``in_range[f - 1]`` for each flip f = 1..n and ``ends`` = (beyond
+        the good end, bad end not bad), as non-negative weights (normalised here)."""
+        weights = np.asarray(in_range, dtype=float)
+        if weights.shape != (self.n,) or (weights < 0).any() or min(ends) < 0:
+            raise ValueError("a prior needs n non-negative weights and two for the ends")
+        total = float(weights.sum()) + sum(ends)
+        if total <= 0:
+            raise ValueError("a prior needs some positive weight")
+        with np.errstate(divide="ignore"):
+            self._log_prior = np.log(weights / total)
+            self._end_log_prior = np.log(np.asarray(ends, dtype=float) / total)
+        self._invalidate()
+
+    def log_likelihoods(self) -> tuple[np.ndarray, np.ndarray]:
+        """log P(evidence | flip f) for f = 1..n, and for the two end hypotheses (p and q
+        integrated out; no prior): what a caller needs to weigh alternative priors."""
+        base = self._base_state()
+        return base.log_like, base.end_like
 
     def record(self, position: int, divergent: bool) -> None:
         """One lifetime at ``position``: did it show the bug?"""
@@ -295,12 +338,16 @@ class BayesianStrategy:
     def _base_state(self) -> _Base:
         if self._base is None:
             bad_d, bad_t, good_d, good_t = self._split()
-            log_joint = self._log_joint(bad_d, bad_t, good_d, good_t)
-            end_joint = self._log_joint(*self._end_counts()) + self._end_log_prior
+            log_like = self._log_joint(bad_d, bad_t, good_d, good_t)
+            end_like = self._log_joint(*self._end_counts())
+            log_joint = log_like + self._log_prior
+            end_joint = end_like + self._end_log_prior
             every = np.concatenate([log_joint, end_joint])
             top = float(every.max())
             log_z = top + math.log(float(np.exp(every - top).sum()))
-            self._base = _Base(bad_d, bad_t, good_d, good_t, log_joint, log_z, end_joint)
+            self._base = _Base(
+                bad_d, bad_t, good_d, good_t, log_joint, log_z, end_joint, log_like, end_like
+            )
         return self._base
 
     def posterior(self) -> np.ndarray:
@@ -407,7 +454,7 @@ class BayesianStrategy:
             return 0.0
         base = self._base_state()
         lq = self._bb_q(base.good_d, base.good_t)
-        point = np.where(base.bad_d == base.bad_t, math.log(w), -np.inf) + lq
+        point = np.where(base.bad_d == base.bad_t, math.log(w), -np.inf) + lq + self._log_prior
         end_bad_d, end_bad_t, end_good_d, end_good_t = self._end_counts()
         end_point = (
             np.where(end_bad_d == end_bad_t, math.log(w), -np.inf)
@@ -481,15 +528,18 @@ class BayesianStrategy:
         base = self._base_state()
         hyp, sizes = self._segments(positions)
         active = hyp - 1
-        # the two end hypotheses join as runs of one, with their prior weight as an offset
+        # Each run shares one likelihood; its hypotheses may carry different prior weights w_i.
+        # A run's entropy is then -sum(P_r (ll_r - log Z + m_r)) with P_r its posterior mass and
+        # m_r the prior-weighted mean of w over the run (0 for a uniform prior, where it is the
+        # familiar size * p log p). The two end hypotheses join as runs of one.
+        log_w, mean_w = self._run_weights(active, sizes)
         hyp = np.concatenate([hyp, self._end_hyp])
-        sizes = np.concatenate([sizes, [1, 1]])
-        offset = np.concatenate([np.zeros(len(active)), [self._end_log_prior] * 2])
-        log_size = np.log(sizes)
-        lj = np.concatenate([base.log_joint[active], base.end_joint])
+        log_w = np.concatenate([log_w, self._end_log_prior])
+        mean_w = np.concatenate([mean_w, np.where(np.isfinite(self._end_log_prior),
+                                                  self._end_log_prior, 0.0)])
+        ll = np.concatenate([base.log_like[active], base.end_like])
         log_z = base.log_z
-        post = np.exp(lj - log_z)  # of each hypothesis in the run
-        h_now = float(-(sizes * post * np.log2(np.where(post > 0, post, 1.0))).sum())
+        h_now = _run_entropy(ll, log_w, mean_w, log_z)
         end_bad_d, end_bad_t, end_good_d, end_good_t = self._end_counts()
         bad_d = np.concatenate([base.bad_d[active], end_bad_d])
         bad_t = np.concatenate([base.bad_t[active], end_bad_t])
@@ -524,17 +574,13 @@ class BayesianStrategy:
                 mask = hyp[None, :] > where
             k_col, m_col = r_k[sl][:, None], r_m[sl][:, None]
             km, mm = k_col * mask, m_col * mask
-            joint = (
-                self._log_joint(
-                    bad_d + km, bad_t + mm, good_d + (k_col - km), good_t + (m_col - mm)
-                )
-                + offset
+            joint = self._log_joint(
+                bad_d + km, bad_t + mm, good_d + (k_col - km), good_t + (m_col - mm)
             )
-            top = joint.max(axis=1, keepdims=True)
-            z = top[:, 0] + np.log(np.exp(joint + log_size - top).sum(axis=1))
-            pk = np.exp(joint - z[:, None])
-            with np.errstate(divide="ignore", invalid="ignore"):
-                h_k[sl] = -(sizes * np.where(pk > 0, pk * np.log2(pk), 0.0)).sum(axis=1)
+            weighted = joint + log_w
+            top = weighted.max(axis=1, keepdims=True)
+            z = top[:, 0] + np.log(np.exp(weighted - top).sum(axis=1))
+            h_k[sl] = _run_entropy(joint, log_w, mean_w, z[:, None])
             log_zk[sl] = z
         prob_k = np.exp(np.array(rows_log_ways) + log_zk - log_z)
         # rows of one (position, plan) are contiguous
@@ -550,6 +596,27 @@ class BayesianStrategy:
             out_m.append(expected_m[i : i + len(options)])
             i += len(options)
         return out_gain, out_m
+
+    def _run_weights(
+        self, first: np.ndarray, sizes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """log of the summed prior weight and the weight-averaged log weight of each run of
+        hypotheses (indices ``first .. first + size - 1``), from prefix sums."""
+        w = self._log_prior
+        if not w.any():  # uniform: the common case, exactly
+            return np.log(sizes.astype(float)), np.zeros(len(sizes))
+        finite = np.isfinite(w)
+        top = float(w[finite].max()) if finite.any() else 0.0
+        e = np.where(finite, np.exp(w - top), 0.0)
+        ew = np.where(finite, e * np.where(finite, w, 0.0), 0.0)
+        cs_e = np.concatenate([[0.0], np.cumsum(e)])
+        cs_ew = np.concatenate([[0.0], np.cumsum(ew)])
+        total = cs_e[first + sizes] - cs_e[first]
+        weighted = cs_ew[first + sizes] - cs_ew[first]
+        safe = np.maximum(total, 1e-300)
+        with np.errstate(divide="ignore"):
+            log_w = np.where(total > 0, np.log(safe) + top, -np.inf)
+        return log_w, np.where(total > 0, weighted / safe, 0.0)
 
     def bad_side_probability(self) -> np.ndarray:
         """P(position i is on the bad side) for i = 0..n."""
@@ -590,26 +657,42 @@ class BayesianStrategy:
             hints.update(p for p in (f - 1, f) if 0 <= p <= self.n and p != position)
         return tuple(sorted(hints))
 
-    def select(self) -> Choice:
-        """The next lifetimes to run, by expected information per unit cost."""
-        bad_end, good_end = self.bad_end, self.good_end
+    def select(self, within: tuple[int, int] | None = None) -> Choice:
+        """The next lifetimes to run, by expected information per unit cost.
+
+        ``within`` = (bad side, good side): only those two candidates are chosen from, and they
+        are checked the way the ends are (the tiered search's confirm step, on both sides of
+        the flip the fast probe found)."""
+        if within is None:
+            bad_end, good_end = self.effective_ends()
+            if bad_end is None or good_end is None:
+                raise NoCandidateLeft("no testable candidate is left at one end of the range")
+            names = ("the bad end", "the good end")
+        else:
+            bad_end, good_end = within
+            names = ("the bad side", "the good side")
         t, d = self.counts.total, self.counts.divergent
         if t[bad_end] == 0:
-            return Choice(bad_end, 1, "check the bad end first")
+            return Choice(bad_end, 1, f"check {names[0]} first")
         if d[bad_end] == 0:
-            return Choice(bad_end, 1, "the bad end has not shown the bug yet")
+            return Choice(bad_end, 1, f"{names[0]} has not shown the bug yet")
         if t[bad_end] < self.BAD_END_LIFETIMES and d[bad_end] == t[bad_end]:
-            return Choice(bad_end, 1, "estimate how often the bad end shows the bug")
+            return Choice(bad_end, 1, f"estimate how often {names[0]} shows the bug")
         if t[good_end] == 0:
-            return Choice(good_end, 1, "check the good end")
-        ranked = self._ranked()
+            return Choice(good_end, 1, f"check {names[1]}")
+        ranked = self._ranked(None if within is None else set(within))
         if not ranked or ranked[0].rate <= 1e-9:
             raise NoCandidateLeft("every candidate that could tell the flip apart is untestable")
         return ranked[0]
 
-    def _ranked(self) -> list[Choice]:
-        """The best option of each scored position, best rate first."""
-        positions = self._positions_worth_scoring()
+    def _ranked(self, only: set[int] | None = None) -> list[Choice]:
+        """The best option of each scored position (of ``only``, when given), best rate first."""
+        if only is None:
+            positions = self._positions_worth_scoring()
+        else:
+            positions = sorted(
+                i for i in only if i not in self.counts.untestable and i not in self.retired
+            )
         if not positions:
             return []
         one = (Plan(1),)
@@ -619,9 +702,12 @@ class BayesianStrategy:
         best_of: list[Choice] = []
         for i, options, g, m_exp in zip(positions, plans, gains, lifetimes, strict=True):
             prepared = i in self.prepared
+            # a candidate whose artifacts are already at hand (another tier fetched them) costs
+            # no switch
+            switch = 0.0 if prepared or i in self.artifacts_ready else self.costs.new_candidate
             best: Choice | None = None
             for plan, gain, m in zip(options, g, m_exp, strict=True):
-                cost = m * self.costs.lifetime + (0.0 if prepared else self.costs.new_candidate)
+                cost = m * self.costs.lifetime + switch
                 rate = float(gain) / cost
                 if best is None or rate > best.rate:
                     reason = "another lifetime" if prepared else "new candidate"
@@ -630,16 +716,26 @@ class BayesianStrategy:
                 best_of.append(best)
         return sorted(best_of, key=lambda c: -c.rate)
 
-    def select_batch(self, slots: int) -> list[Choice]:
+    def select_batch(self, slots: int, within: tuple[int, int] | None = None) -> list[Choice]:
         """Work for ``slots`` lifetimes at once (several GPUs): the best choice first, with as
         many of its planned lifetimes as fit, then the next best positions, one lifetime each.
 
         The later picks are scored before the first one's outcome is known, so they are worth
         less than sequential picks; idle GPUs are worth nothing, which is why they are filled.
         """
-        first = self.select()
+        first = self.select(within)
         if slots <= 1:
             return [first]
+        if within is not None:
+            # confirming: the other side gets the other slots (both are needed to stop)
+            other = within[1] if first.position == within[0] else within[0]
+            if other in self.counts.untestable or other in self.retired:
+                other = first.position
+            rest = slots - 1
+            if other == first.position:
+                return [Choice(first.position, slots, first.reason)]
+            return [Choice(first.position, 1, first.reason),
+                    Choice(other, rest, "the other side (parallel)")]
         if first.reason.startswith(("check", "the bad end", "estimate")):
             # the ends: more lifetimes of the same end are exactly what is needed
             return [Choice(first.position, min(slots, max(first.lifetimes, slots)), first.reason)]
@@ -668,6 +764,21 @@ class _Base:
     log_joint: np.ndarray
     log_z: float
     end_joint: np.ndarray  # (beyond the good end, bad end not bad), with their prior weight
+    log_like: np.ndarray  # log_joint without the prior
+    end_like: np.ndarray  # end_joint without the prior
+
+
+def _run_entropy(
+    ll: np.ndarray, log_w: np.ndarray, mean_w: np.ndarray, log_z: np.ndarray | float
+) -> np.ndarray | float:
+    """Entropy (bits) of the flip over runs of hypotheses sharing a likelihood ``ll`` (last
+    axis), each run's prior weight ``exp(log_w)`` spread as ``mean_w`` says; ``log_z``
+    normalises (one per row)."""
+    mass = np.exp(ll + log_w - log_z)
+    with np.errstate(invalid="ignore"):
+        terms = np.where(mass > 0, mass * (ll - log_z + mean_w), 0.0)
+    out: np.ndarray = -terms.sum(axis=-1) / math.log(2)
+    return out
 
 
 class NoCandidateLeft(Exception):

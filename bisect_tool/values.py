@@ -57,3 +57,6 @@ class SearchState:
     posterior: tuple[float, ...]  # P(flip at candidate i), aligned with header["candidates"]
     good_end_doubt: float = 0.0  # P(the flip lies beyond the good end)
     bad_end_doubt: float = 0.0  # P(the bad end does not show the bug)
+    #: a tiered run (``[probe] narrow``): phase, the fast probe's flip and confidence, its runs,
+    #: the confirm step's two candidates (positions), P(the fast probe is a valid stand-in)
+    tiers: dict[str, Any] | None = None

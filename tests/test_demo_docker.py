@@ -77,7 +77,8 @@ def test_one_lifetime_in_a_container_serves_the_candidate_build(
     sha = history.planted_commit
     session = f"test-demo-docker-{secrets.token_hex(4)}"
     state = tmp_path / "state"
-    with open_evaluator(recipe, history.repo, session, state, {}) as (evaluator, _, _controls):
+    with open_evaluator(recipe, history.repo, session, state, {}) as evaluators:
+        evaluator = evaluators.faithful
         obs = evaluator.evaluate(sha, "lt-0")
         swap = evaluator._swap(sha, ())  # type: ignore[attr-defined]
     assert obs.verdict in (Verdict.CLEAN, Verdict.INCONCLUSIVE), obs.message  # the fixed kernel

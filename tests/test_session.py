@@ -259,13 +259,13 @@ def test_sigterm_stops_the_run_and_tears_the_lifetime_down(tmp_path: Path, repo:
 def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
     tmp_path: Path,
 ) -> None:
-    """Several GPUs: the loop hands out several candidates at once (Loop(parallel=3))."""
+    """Several GPUs: the loop hands out several candidates at once (parallel=3)."""
     import threading
 
     from bisect_tool import session
     from bisect_tool.journal import Journal, read
     from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Loop
+    from bisect_tool.run import Evaluators, Loop
     from bisect_tool.values import Direction, Observation, Verdict
 
     shas = [f"{i:040x}" for i in range(1, 41)]
@@ -300,7 +300,7 @@ def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
     with Journal(path) as journal:
         journal.append(session.header_for(rng))
         state = session.replay(read(path))
-        summary = Loop(journal, state, Scripted(), parallel=3).run()
+        summary = Loop(journal, state, Evaluators(Scripted(), parallel=3)).run()
     assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
     ids = [o["lifetime_id"] for o in read(path).observations]
     assert len(ids) == len(set(ids))

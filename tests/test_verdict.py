@@ -95,8 +95,8 @@ def test_search_probe_and_report_agree(
     def factory(
         recipe: Any, repo_path: Path, session_id: str, state_dir: Path,
         tags: Mapping[str, Sequence[str]], observer: Any,
-    ) -> Iterator[tuple[Any, int, Any]]:
-        yield _Replay(lifetimes), 1, lambda _sha: None
+    ) -> Iterator[run.Evaluators]:
+        yield run.Evaluators(_Replay(lifetimes))
 
     probed = run.probe_commit(
         repo.path, "HEAD", recipe_mod.load("demo"), lifetimes=len(lifetimes), controls=False,

@@ -80,6 +80,8 @@ def build_report(
     bad_end = 0 if direction == "fix" else last
     good_end = last if direction == "fix" else 0
 
+    tiers = _tiers(contents, commits, state.tiers)
+    everything, contents = contents, _faithful_view(contents)
     tested = _tested(contents, commits, bad_end, good_end)
     recipe = header.get("recipe") or {}
     probe_kind = str((recipe.get("probe") or {}).get("kind", "server"))
@@ -102,7 +104,7 @@ def build_report(
         "evaluations": state.evaluations,
         "candidates_tested": state.candidates_tested,
         "bad_end_lifetimes": bad_end_lifetimes,
-        "end_message": _end_message(contents.end),
+        "end_message": _end_message(everything.end),
     }
     controls = _controls(contents)
     return {
@@ -114,6 +116,7 @@ def build_report(
         "answer": answer,
         "headline": _headline(answer, rng, commits, recipe, environment),
         "rests_on": _rests_on(tested, good_end, bad_end, controls),
+        "tiers": tiers,
         "range": rng,
         "prs": _prs(commits, rng, repo_url),
         "environment": environment,
@@ -138,6 +141,86 @@ def build_report(
 
 
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _faithful_view(contents: JournalContents) -> JournalContents:
+    """The journal without the fast probe's runs: the evidence table, the rates and the ends
+    are the faithful probe's (the tiers section shows the fast probe's)."""
+    return JournalContents(
+        contents.header,
+        tuple(e for e in contents.entries
+              if not (e.get("type") == "observation" and e.get("tier") == "narrow")),
+        contents.torn_tail,
+    )
+
+
+def _tiers(
+    contents: JournalContents,
+    commits: Sequence[Mapping[str, Any]],
+    state_tiers: Mapping[str, Any] | None,
+) -> dict[str, Any] | None:
+    """The tiered search: what the fast probe saw per candidate, the phases with their one-line
+    reasons, and the confirm step's two candidates with their faithful lifetimes."""
+    if not state_tiers:
+        return None
+    rows: dict[int, dict[str, Any]] = {}
+    faithful: dict[int, list[int]] = {}
+    for obs in contents.observations:
+        index = _index_of(obs, commits)
+        if index < 0:
+            continue
+        verdict = str(obs.get("verdict", "")).lower()
+        if obs.get("tier") != "narrow":
+            counts = faithful.setdefault(index, [0, 0])
+            counts[0] += 1
+            counts[1] += verdict == "divergent"
+            continue
+        c = commits[index]
+        row = rows.setdefault(index, {
+            "index": index, "short": c["short"], "name": _name(c), "subject": c["subject"],
+            "commit_url": c.get("commit_url"), "runs": 0, "divergent": 0, "clean": 0,
+            "untestable": 0, "message": "", "gate": None,
+        })
+        row["runs"] += 1
+        key = verdict if verdict in ("divergent", "clean") else "untestable"
+        row[key] += 1
+        row["message"] = str(obs.get("message") or "")
+        detail = obs.get("detail") if isinstance(obs.get("detail"), Mapping) else {}
+        if isinstance(detail, Mapping) and detail.get("gate") is not None:
+            row["gate"] = str(detail["gate"])
+    for row in rows.values():
+        row["verdict"] = ("DIVERGENT" if row["divergent"] else "CLEAN" if row["clean"]
+                          else "UNTESTABLE")
+    sides = None
+    if state_tiers.get("sides"):
+        bad, good = (int(x) for x in state_tiers["sides"])
+
+        def side(i: int) -> dict[str, Any]:
+            n, d = faithful.get(i, [0, 0])
+            c = commits[i]
+            return {"index": i, "short": c["short"], "name": _name(c),
+                    "commit_url": c.get("commit_url"), "lifetimes": n, "divergent": d}
+
+        sides = {"bad": side(bad), "good": side(good)}
+    flip = str(state_tiers.get("narrow_flip") or "")
+    by_sha = {c["sha"]: c for c in commits}
+    return {
+        "kind": state_tiers.get("kind"),
+        "phase": state_tiers.get("phase"),
+        "narrow_flip": _name(by_sha[flip]) if flip in by_sha else flip[:SHORT],
+        "narrow_confidence": _num(state_tiers.get("narrow_confidence")),
+        "narrow_runs": state_tiers.get("narrow_runs"),
+        "narrow_candidates": len(rows),
+        "faithful_lifetimes": state_tiers.get("faithful_lifetimes"),
+        "stand_in_prior": _num(state_tiers.get("stand_in_prior")),
+        "stand_in_probability": _num(state_tiers.get("stand_in_probability")),
+        "sides": sides,
+        "phases": [{"phase": str(e.get("phase")), "message": str(e.get("message") or "")}
+                   for e in contents.of_type("phase")],
+        "narrow": [rows[i] for i in sorted(rows)],
+        "gate_rejected": [{"name": r["name"], "gate": r["gate"]} for i, r in sorted(rows.items())
+                          if r["gate"] not in (None, "ok")],
+    }
 
 
 def _ref(header: Mapping[str, Any], end: str) -> str | None:

@@ -172,6 +172,61 @@ def _probe_line(report: Mapping[str, Any]) -> str:
     return f"- Probe: recipe {_code(r.get('name') or 'none')} ({kind} probe)"
 
 
+def _side(side: Mapping[str, Any]) -> str:
+    n, d = side["lifetimes"], side["divergent"]
+    ref = f"[{_code(side['name'])}]({side['commit_url']})" if side.get("commit_url") else _code(
+        side["name"])
+    return f"{ref}: {d} of {n} lifetime{'s' if n != 1 else ''} divergent"
+
+
+def _tier_lines(report: Mapping[str, Any]) -> list[str]:
+    """Why a tiered answer holds: where the fast probe put the flip, what the faithful
+    lifetimes saw on both sides of it, and how likely the fast probe is a valid stand-in."""
+    t = report["tiers"]
+    kind = t.get("kind") or "fast"
+    lines = [f"- Narrowed by the {kind} probe: {t['narrow_runs']} runs on "
+             f"{t['narrow_candidates']} candidates put the flip at {_code(t['narrow_flip'])} "
+             f"({_pct(t['narrow_confidence'])})"]
+    sides = t.get("sides")
+    if t.get("phase") == "confirm" and sides:
+        lines.append(
+            f"- Confirmed by {t['faithful_lifetimes']} faithful lifetimes on both sides of it "
+            f"(these alone carry the answer, scored as always with p and q integrated out): "
+            f"last with the bug {_side(sides['bad'])}; first without {_side(sides['good'])}; "
+            f"P(the {kind} probe is a valid stand-in here) "
+            f"{_pct(t['stand_in_probability'])} (prior {_pct(t['stand_in_prior'])})")
+    elif t.get("phase") == "faithful":
+        reason = next((p["message"] for p in reversed(t["phases"]) if p["phase"] == "faithful"),
+                      "")
+        lines.append(f"- The plain search took over: {_esc(reason)}")
+    if t.get("gate_rejected"):
+        names = ", ".join(f"{_code(r['name'])}" for r in t["gate_rejected"])
+        lines.append(f"- The pinned stack rejects the extension of {names} (the faithful "
+                     "probe cannot run them; see the tiers section)")
+    return lines
+
+
+def _tier_section(report: Mapping[str, Any]) -> list[str]:
+    t = report["tiers"]
+    kind = t.get("kind") or "fast"
+    lines = ["### Tiers", ""]
+    for p in t["phases"]:
+        lines.append(f"- {_esc(p['phase'])}: {_esc(p['message'])}")
+    if not t["phases"]:
+        lines.append(f"- narrowing with the {kind} probe (still running)")
+    rows = ["| candidate | runs | verdict | gate | what it saw |", "|---|---:|---|---|---|"]
+    for r in t["narrow"]:
+        ref = (f"[{_code(r['name'])}]({r['commit_url']})" if r.get("commit_url")
+               else _code(r["name"]))
+        gate = "-" if r["gate"] is None else ("ok" if r["gate"] == "ok" else _esc(r["gate"]))
+        rows.append(f"| {ref} | {r['runs']} | {r['verdict']} | {gate} | "
+                    f"{_esc(r['message'][:160])} |")
+    lines += [""]
+    lines += _details(f"The {kind} probe's runs ({t['narrow_runs']} on "
+                      f"{t['narrow_candidates']} candidates)", rows)
+    return lines
+
+
 def _symptom_line(report: Mapping[str, Any]) -> list[str]:
     sym = report.get("symptom")
     if not sym:
@@ -351,8 +406,12 @@ def render_markdown(report: Mapping[str, Any], *, plot: Path | str | None = None
     lines: list[str] = [title, ""]
     lines += _answer_line(report) if a["state"] == "done" else _state_lines(report)
     lines += ["", _searched_line(report), _probe_line(report)]
+    if report.get("tiers"):
+        lines += _tier_lines(report)
     if a["state"] not in ("controls_failed",):
-        lines += [_rests_on_line(report), _rates_line(report)]
+        if not report.get("tiers") or (report["tiers"].get("phase") != "confirm"):
+            lines.append(_rests_on_line(report))
+        lines.append(_rates_line(report))
     lines += [*_symptom_line(report), ""]
     lines += _prs_lines(report)
     lines += _environment_lines(report)
@@ -362,6 +421,8 @@ def render_markdown(report: Mapping[str, Any], *, plot: Path | str | None = None
     else:
         lines.append("No lifetime ran.")
     lines += ["", "### Controls", "", *_controls_lines(report), ""]
+    if report.get("tiers"):
+        lines += _tier_section(report)
     lines += _reproduce_lines(report)
     lines += _details("Every lifetime in detail (tables and log tails)",
                       _candidate_details(report))

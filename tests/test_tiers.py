@@ -1,0 +1,274 @@
+"""The tiered search (issue 16): a fast probe narrows, faithful lifetimes confirm the flip on both
+sides of it, and the run falls back to the plain search when the fast probe is no stand-in.
+
+Scripted evaluators stand in for the op probe and the server (the real ones run in
+tests/test_tiered_demo.py); the journal, the phases and the loop are the real ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bisect_tool import session
+from bisect_tool.journal import Journal, read
+from bisect_tool.range import Candidate, CommitRange
+from bisect_tool.recipe import Recipe
+from bisect_tool.run import Evaluators, Loop
+from bisect_tool.strategy import BayesianStrategy
+from bisect_tool.tiers import DISAGREE_AT, Phase, Tier, mixture_prior, stand_in_probability
+from bisect_tool.values import Direction, Observation, Verdict
+
+
+def _range(n: int, direction: Direction = Direction.FIX) -> CommitRange:
+    shas = [f"{i:040x}" for i in range(1, n + 1)]
+    old, new = shas[0], shas[-1]
+    good, bad = (new, old) if direction is Direction.FIX else (old, new)
+    return CommitRange("good", "bad", good, bad, direction,
+                       tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+
+
+def _header(rng: CommitRange, narrow: str = "op", **search: Any) -> dict[str, Any]:
+    recipe = Recipe("t").to_dict()
+    recipe["probe"]["narrow"] = narrow
+    recipe["search"].update(search)
+    return session.header_for(rng, recipe=recipe, mode="recipe")
+
+
+class Scripted:
+    """A probe whose bad side is the old side below ``flip`` (a fix), showing the bug with
+    probability ``p`` per lifetime (seeded: the same run every time)."""
+
+    def __init__(self, shas: Sequence[str], flip: int, p: float, seed: int = 0,
+                 seconds: float = 1.0, detail: dict[str, Any] | None = None) -> None:
+        self.shas, self.flip, self.p = list(shas), flip, p
+        self.rng = np.random.default_rng(seed)
+        self.seconds = seconds
+        self.detail = detail or {}
+        self.calls: list[str] = []
+
+    def prepare(self, commits: object) -> None:
+        return None
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+        self.calls.append(commit)
+        bad = self.shas.index(commit) < self.flip
+        divergent = bad and self.rng.random() < self.p
+        detail = {"timing": {"artifacts_s": 0.0}, **self.detail.get(commit, {})}
+        return Observation(commit, Verdict.DIVERGENT if divergent else Verdict.CLEAN,
+                           lifetime_id, detail, "", self.seconds)
+
+
+def _run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any,
+         parallel: int = 1, **search: Any) -> tuple[dict[str, Any], Path]:
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(_header(rng, **search))
+        state = session.replay(read(path))
+        summary = Loop(journal, state, Evaluators(faithful, parallel, narrow=narrow)).run()
+    return summary, path
+
+
+def test_narrow_then_confirm_names_the_flip_with_lifetimes_only_beside_it(tmp_path: Path) -> None:
+    rng = _range(120)
+    shas = [c.sha for c in rng.candidates]
+    flip = 71
+    narrow = Scripted(shas, flip, 1.0)
+    faithful = Scripted(shas, flip, 0.5, seed=3)
+    summary, path = _run(tmp_path, rng, narrow, faithful, confidence=0.99)
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
+    assert summary["confidence"] >= 0.99
+    contents = read(path)
+    tiers = {o.get("tier", "faithful") for o in contents.observations}
+    assert tiers == {"narrow", "faithful"}
+    # the faithful lifetimes ran only on the two sides of the fast probe's flip
+    assert set(faithful.calls) == {shas[flip - 1], shas[flip]}
+    phases = contents.of_type("phase")
+    assert [p["phase"] for p in phases] == ["confirm"]
+    assert (phases[0]["bad_side"], phases[0]["good_side"]) == (flip - 1, flip)
+    state = session.replay(contents)
+    assert state.phase is Phase.CONFIRM
+    assert state.stand_in_probability() is not None and state.stand_in_probability() > 0.95
+    # the narrow runs are journaled with their own lifetime ids
+    assert all("-narrow-" in o["lifetime_id"] for o in contents.observations
+               if o.get("tier") == "narrow")
+
+
+def test_a_fast_probe_that_flips_elsewhere_falls_back_and_still_finds_the_flip(
+    tmp_path: Path,
+) -> None:
+    rng = _range(60)
+    shas = [c.sha for c in rng.candidates]
+    narrow = Scripted(shas, 20, 1.0)  # the stand-in flips at 20; the bug really at 41
+    faithful = Scripted(shas, 41, 0.7, seed=5)
+    summary, path = _run(tmp_path, rng, narrow, faithful, confidence=0.99)
+    contents = read(path)
+    phases = [p["phase"] for p in contents.of_type("phase")]
+    assert phases == ["confirm", "faithful"]
+    assert "not a stand-in" in contents.of_type("phase")[1]["message"]
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[41]
+    # nothing observed was dropped: every narrow run is still in the journal and the replay
+    narrow_runs = [o for o in contents.observations if o.get("tier") == "narrow"]
+    assert len(narrow_runs) == len(narrow.calls)
+    assert session.replay(contents).runs[Tier.NARROW] == len(narrow.calls)
+
+
+def test_a_fast_probe_that_never_shows_the_bug_hands_over_to_lifetimes(tmp_path: Path) -> None:
+    rng = _range(30)
+    shas = [c.sha for c in rng.candidates]
+    narrow = Scripted(shas, 0, 1.0)  # nothing is bad for it
+    faithful = Scripted(shas, 12, 1.0)
+    summary, path = _run(tmp_path, rng, narrow, faithful)
+    phase = read(path).of_type("phase")
+    assert [p["phase"] for p in phase] == ["faithful"]
+    assert "could not narrow" in phase[0]["message"] and "never showed the bug" in phase[0][
+        "message"]
+    assert len(narrow.calls) == 4  # NARROW_END_RUNS at the bad end, then it stops asking
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
+
+
+def test_a_side_the_gate_rejects_moves_the_confirmation_outward(tmp_path: Path) -> None:
+    """The fast probe runs on every candidate; the gate's verdict rides along, and the confirm
+    step uses the nearest candidate the pinned stack accepts (a block answer, as git gives)."""
+    rng = _range(40)
+    shas = [c.sha for c in rng.candidates]
+    flip = 25
+    rejected = {shas[flip - 1]: {"gate": "op _C::rms_norm changed"}}
+    narrow = Scripted(shas, flip, 1.0, detail=rejected)
+    faithful = Scripted(shas, flip, 1.0)
+    summary, path = _run(tmp_path, rng, narrow, faithful)
+    confirm = read(path).of_type("phase")[0]
+    assert (confirm["bad_side"], confirm["good_side"]) == (flip - 2, flip)
+    assert shas[flip - 1] not in faithful.calls
+    assert summary["state"] == "done"
+    assert summary["flip_block"] == [shas[flip - 1], shas[flip]]
+
+
+def test_resume_in_the_confirm_step_carries_on_where_it_stopped(tmp_path: Path) -> None:
+    rng = _range(50)
+    shas = [c.sha for c in rng.candidates]
+    narrow, faithful = Scripted(shas, 30, 1.0), Scripted(shas, 30, 0.5, seed=1)
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(_header(rng))
+        state = session.replay(read(path))
+        loop = Loop(journal, state, Evaluators(faithful, narrow=narrow))
+
+        class Crash(Exception):
+            pass
+
+        def crash_after_two(*_a: Any, **_k: Any) -> Observation:
+            if len(faithful.calls) >= 2:
+                raise Crash
+            return Scripted.evaluate(faithful, *_a, **_k)
+
+        faithful.evaluate = crash_after_two  # type: ignore[method-assign]
+        with pytest.raises(Crash):
+            loop.run()
+    resumed = session.replay(read(path))
+    assert resumed.phase is Phase.CONFIRM and resumed.runs[Tier.FAITHFUL] == 2
+    faithful2 = Scripted(shas, 30, 0.5, seed=2)
+    with Journal(path) as journal:
+        summary = Loop(journal, resumed, Evaluators(faithful2, narrow=narrow)).run()
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[30]
+    ids = [o["lifetime_id"] for o in read(path).observations]
+    assert len(ids) == len(set(ids))
+
+
+def test_the_run_prices_candidates_and_lifetimes_by_what_it_measured(tmp_path: Path) -> None:
+    rng = _range(20)
+    shas = [c.sha for c in rng.candidates]
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(_header(rng, cost_new_candidate=10.0, cost_lifetime=1.0))
+        state = session.replay(read(path))
+        assert state.measured_costs(Tier.FAITHFUL).new_candidate == 10.0  # the recipe's guess
+        for n, (sha, total, artifact) in enumerate(
+            [(shas[0], 64.0, 4.0), (shas[0], 61.0, 0.0), (shas[-1], 70.0, 8.0)]
+        ):
+            obs = Observation(sha, Verdict.CLEAN, f"l{n}", {"timing": {"artifacts_s": artifact}},
+                              "", total)
+            state.apply(journal.append(session.observation_entry(obs, shas.index(sha))))
+    costs = state.measured_costs(Tier.FAITHFUL)
+    assert costs.lifetime == pytest.approx((60 + 61 + 62) / 3)
+    assert costs.new_candidate == pytest.approx((4 + 8) / 2)  # first fetch of each candidate
+    assert state.measured_costs(Tier.NARROW).lifetime == 1.0  # nothing measured: the guess
+
+
+def test_untestable_bad_end_is_stood_in_for_by_its_nearest_testable_neighbour() -> None:
+    s = BayesianStrategy(6, Direction.FIX)
+    s.mark_untestable(0)
+    s.mark_untestable(1)
+    assert s.effective_ends() == (2, 5)
+    choice = s.select()
+    assert choice.position == 2 and "bad end" in choice.reason
+    for i in range(2, 5):
+        s.mark_untestable(i)
+    assert s.effective_ends() == (None, 5)
+
+
+def test_the_lookahead_with_a_mixture_prior_equals_brute_force() -> None:
+    """The runs of equal likelihood carry the prior's weights exactly (issue 16's confirm
+    step starts from a non-uniform prior)."""
+    rng = np.random.default_rng(1)
+    for direction in Direction:
+        n = 12
+        s = BayesianStrategy(n + 1, direction)
+        for pos, bug in [(0, 1), (0, 1), (12, 0), (5, 1), (7, 0)]:
+            s.record(pos, bool(bug) if direction is Direction.FIX else not bool(bug))
+        weights, ends = rng.random(n) ** 3, (0.03, 0.02)
+        s.set_prior(weights, ends)
+
+        def entropy(t: BayesianStrategy) -> float:
+            post = np.concatenate([t.posterior(), t.end_doubts()])
+            post = post[post > 0]
+            return float(-(post * np.log2(post)).sum())
+
+        log_z = s._base_state().log_z
+        for pos in range(n + 1):
+            for m in (1, 3):
+                expected_h = 0.0
+                for k in range(m + 1):
+                    t = BayesianStrategy(n + 1, direction)
+                    t.counts.total[:] = s.counts.total
+                    t.counts.divergent[:] = s.counts.divergent
+                    t.set_prior(weights, ends)
+                    t.counts.total[pos] += m
+                    t.counts.divergent[pos] += k
+                    t._invalidate()
+                    prob = math.exp(t._base_state().log_z - log_z) * math.comb(m, k)
+                    expected_h += prob * entropy(t)
+                brute = max(entropy(s) - expected_h, 0.0)
+                assert s.expected_information(pos, m) == pytest.approx(brute, abs=1e-9)
+
+
+def test_mixture_prior_and_the_stand_in_posterior() -> None:
+    n = 40
+    narrow = BayesianStrategy(n + 1, Direction.FIX)
+    for pos, bug in [(0, 1), (0, 1), (0, 1), (n, 0), (20, 1), (21, 0)] * 2:
+        narrow.record(pos, bool(bug))
+    prior = mixture_prior(narrow, 0.5, 0.05)
+    total = prior.in_range.sum() + sum(prior.ends)
+    assert total == pytest.approx(1.0)
+    assert prior.in_range[20] > 0.45  # flip 21 (index 20): half the mass rides on the stand-in
+    faithful = BayesianStrategy(n + 1, Direction.FIX)
+    faithful.set_prior(prior.in_range, prior.ends)
+    assert stand_in_probability(faithful, prior) == pytest.approx(0.5, abs=1e-9)
+    for _ in range(3):
+        faithful.record(20, True)
+    for _ in range(8):
+        faithful.record(21, False)
+    assert stand_in_probability(faithful, prior) > 0.9
+    assert faithful.top_block()[0] == (21,)
+    # lifetimes that put the bad side clean say the stand-in is wrong there
+    other = BayesianStrategy(n + 1, Direction.FIX)
+    other.set_prior(prior.in_range, prior.ends)
+    for _ in range(12):
+        other.record(20, False)
+    assert 1 - other.bad_side_probability()[20] >= DISAGREE_AT
+    assert stand_in_probability(other, prior) < 0.05
