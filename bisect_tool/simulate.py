@@ -14,6 +14,11 @@ histories (the same flip and the same random stream per trial).
   ``ceil(log2 N) * (cost_new + cost_lifetime)``. This is the baseline for p = 1.
 - *fixed_repeats*: ``k`` lifetimes per candidate, bad if any diverges (syzkaller's and Chromium's
   "--times N" rule), after the same end checks.
+- *tiered* (``--tiered``): the tiered search of ``bisect_tool.tiers`` driven by the run's own
+  decision code (``session.next_step``): a deterministic fast probe (p = 1, q = 0) whose runs
+  cost ``narrow_cost`` lifetimes each narrows, faithful lifetimes confirm. With
+  ``stand_in_wrong`` the fast probe flips at another position than the bug (it is no stand-in):
+  right then still means the faithful flip.
 
 The lower bound is Fano's: ``((1 - Pe) log2 N - h(Pe)) / C`` lifetimes, C the capacity of the
 channel bad -> Bernoulli(p), good -> Bernoulli(q); a new candidate reveals at most one bit about
@@ -32,8 +37,10 @@ import numpy as np
 from bisect_tool.errors import UsageError
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, Priors
 from bisect_tool.values import Direction
+from bisect_tool.verdict import EndState
 
 STRATEGIES = ("bayes", "classic", "fixed_repeats")
+TIERED = "tiered"
 
 #: the cells the strategy is held to (accuracy >= 0.99 in each); see ``--grid``
 GRID_P = (0.3, 0.5, 0.8, 1.0)
@@ -107,10 +114,13 @@ class SimulationResult:
 
     def ratios(self) -> dict[str, float]:
         bayes = self.strategies["bayes"].mean_cost
-        return {
+        out = {
             "bayes_over_lower_bound": bayes / self.lower_bound.cost if self.lower_bound.cost else 0,
             "bayes_over_classic": bayes / self.strategies["classic"].mean_cost,
         }
+        if TIERED in self.strategies and self.strategies[TIERED].mean_cost:
+            out["bayes_over_tiered"] = bayes / self.strategies[TIERED].mean_cost
+        return out
 
 
 class _History:
@@ -143,6 +153,9 @@ class _Settings:
     budget: int
     priors: Priors | None
     good_end_bad: bool = False
+    tiered: bool = False
+    narrow_cost: float = 0.1
+    stand_in_wrong: bool = False
 
 
 def _run_bayes(
@@ -173,6 +186,61 @@ def _run_bayes(
         strategy.record(choice.position, h.run(choice.position))
     block, mass = strategy.top_block()
     return block[0], mass
+
+
+def _run_tiered(
+    h: _History, fast: _History, s: _Settings
+) -> tuple[int, float, int]:
+    """The tiered search as ``bisect_tool.run.Loop`` drives it (``session.next_step`` decides);
+    returns (reported flip, reported confidence, fast probe runs)."""
+    from bisect_tool import session
+    from bisect_tool.journal import JournalContents
+    from bisect_tool.tiers import Tier
+
+    shas = [f"{i:040x}" for i in range(h.n + 1)]
+    header: dict[str, object] = {
+        "direction": "fix",
+        "mode": "recipe",
+        "candidates": [{"sha": sha, "subject": ""} for sha in shas],
+        "recipe": {"probe": {"narrow": "op"},
+                   "search": {"confidence": s.confidence, "max_evaluations": s.budget,
+                              "cost_new_candidate": s.costs.new_candidate,
+                              "cost_lifetime": s.costs.lifetime}},
+    }
+    state = session.replay(JournalContents(header, ()))
+    runs = 0
+    while True:
+        step = session.next_step(state)
+        if isinstance(step, session.Stop):
+            if step.state is EndState.ENDS_CONTRADICT:
+                contradicted = state.strategy.contradicted_end()
+                found = GOOD_END_CONTRADICTED if contradicted == "good" else BAD_END_CONTRADICTED
+                return found, 0.0, runs
+            break
+        if isinstance(step, session.Switch):
+            state.apply(step.entry)
+            continue
+        strategy = state.strategy_for(step.tier)
+        try:
+            choice = strategy.select(step.within)
+        except NoCandidateLeft:
+            if step.tier is Tier.FAITHFUL and step.within is None:
+                break
+            state.apply({"type": "phase", "phase": "faithful", "message": "none left"})
+            continue
+        narrow = step.tier is Tier.NARROW
+        history = fast if narrow else h
+        bug = history.run(choice.position)
+        runs += narrow
+        state.apply({
+            "type": "observation", "lifetime_id": f"{step.tier}-{runs}-{h.lifetimes}",
+            "commit": shas[choice.position], "position": choice.position,
+            "verdict": "divergent" if bug else "clean", "tier": str(step.tier),
+        })
+        if narrow:
+            h.candidates.add(choice.position)  # its artifact is paid for once, for both tiers
+    block, mass = state.strategy.top_block()
+    return block[0], mass, runs
 
 
 def _run_fixed(h: _History, repeats: int) -> int:
@@ -206,14 +274,23 @@ def _trial(args: tuple[_Settings, int]) -> tuple[dict[str, _Row], float]:
     stream = int(rng.integers(2**63))
     out: dict[str, _Row] = {}
     reported = 0.0
-    for name in STRATEGIES:
+    for name in STRATEGIES + ((TIERED,) if s.tiered else ()):
         h = _History(s.n, flip, s.p, s.q, np.random.default_rng(stream))
+        extra = 0.0
         if name == "bayes":
             found, reported = _run_bayes(h, s.costs, s.confidence, s.budget, s.priors)
+        elif name == TIERED:
+            fast_flip = flip
+            if s.stand_in_wrong:  # anywhere but the bug's own flip
+                fast_flip = int(rng.integers(1, s.n))
+                fast_flip += fast_flip >= flip
+            fast = _History(s.n, fast_flip, 1.0, 0.0, np.random.default_rng(stream + 1))
+            found, _, runs = _run_tiered(h, fast, s)
+            extra = runs * s.narrow_cost * s.costs.lifetime
         else:
             found = _run_fixed(h, 1 if name == "classic" else s.repeats)
         right = found == GOOD_END_CONTRADICTED if s.good_end_bad else found == flip
-        out[name] = (right, h.lifetimes, h.cost(s.costs), len(h.candidates))
+        out[name] = (right, h.lifetimes, h.cost(s.costs) + extra, len(h.candidates))
     return out, reported
 
 
@@ -253,6 +330,9 @@ def simulate(
     priors: Priors | None = None,
     processes: int | None = None,
     good_end_bad: bool = False,
+    tiered: bool = False,
+    narrow_cost: float = 0.1,
+    stand_in_wrong: bool = False,
 ) -> SimulationResult:
     """``trials`` random histories (flip uniform in 1..N) searched by every strategy.
 
@@ -267,7 +347,8 @@ def simulate(
         raise UsageError("--trials must be at least 1")
     costs = costs or Costs()
     settings = _Settings(
-        candidates, p, q, costs, confidence, repeats, budget, priors, good_end_bad
+        candidates, p, q, costs, confidence, repeats, budget, priors, good_end_bad, tiered,
+        narrow_cost, stand_in_wrong,
     )
     seeds = [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(trials)]
     work = [(settings, s) for s in seeds]
@@ -280,7 +361,7 @@ def simulate(
     else:
         rows = [_trial(w) for w in work]
     stats = {}
-    for name in STRATEGIES:
+    for name in STRATEGIES + ((TIERED,) if tiered else ()):
         mine = [r[0][name] for r in rows]
         evaluations = np.array([r[1] for r in mine])
         right = sum(1 for r in mine if r[0])
@@ -332,6 +413,12 @@ def format_result(r: SimulationResult) -> str:
         f"bayes cost / classic cost = {ratios['bayes_over_classic']:.2f}; "
         f"bayes mean reported confidence {r.bayes_reported_confidence:.4f}"
     )
+    if "bayes_over_tiered" in ratios:
+        lines.append(
+            f"lifetimes only (bayes) cost / tiered cost = {ratios['bayes_over_tiered']:.2f} "
+            "(tiered: a deterministic fast probe narrows, lifetimes confirm; its cost counts "
+            "the fast probe's runs)"
+        )
     return "\n".join(lines)
 
 

@@ -40,6 +40,13 @@ from bisect_tool.strategy import Costs
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--good-end-bad", is_flag=True,
               help="Histories whose given good end is in fact bad: the search must say so.")
+@click.option("--tiered", is_flag=True,
+              help="Also run the tiered search: a deterministic fast probe narrows, lifetimes "
+                   "confirm on both sides of its flip.")
+@click.option("--narrow-cost", type=float, default=0.1, show_default=True,
+              help="Cost of one fast-probe run, in lifetimes (--tiered).")
+@click.option("--stand-in-wrong", is_flag=True,
+              help="The fast probe flips elsewhere than the bug (--tiered must still be right).")
 @click.option("--grid", is_flag=True,
               help="Run the target grid: p in 0.3,0.5,0.8,1 x q in 0,0.01 x N in 64,512,4096 "
                    "(--trials in every cell).")
@@ -55,6 +62,9 @@ def simulate_command(
     repeats: int,
     seed: int,
     good_end_bad: bool,
+    tiered: bool,
+    narrow_cost: float,
+    stand_in_wrong: bool,
     grid: bool,
 ) -> None:
     """Compare the Bayesian search with classic bisection and fixed repeats on simulated ranges."""
@@ -69,7 +79,8 @@ def simulate_command(
     ) -> SimulationResult:
         return simulate(
             n, rate_p, rate_q, count, confidence=confidence, costs=costs, repeats=repeats,
-            seed=seed, good_end_bad=beyond,
+            seed=seed, good_end_bad=beyond, tiered=tiered or stand_in_wrong,
+            narrow_cost=narrow_cost, stand_in_wrong=stand_in_wrong,
         )
 
     if not grid:
