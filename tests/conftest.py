@@ -220,3 +220,29 @@ def tree_state(root: Path) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+# ---- a real simple index holding real wheels of the demo engine (tests/wheelindex.py) -------
+
+
+@pytest.fixture(scope="session")
+def demollm_wheels(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``wheelindex.DemoWheels``: each release of ``wheelindex.RELEASES`` as a real wheel, each
+    kernel variant compiled once per session."""
+    import shutil
+
+    from wheelindex import build_demo_wheels
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler to build the demo wheels (apt-get install gcc)")
+    return build_demo_wheels(tmp_path_factory.mktemp("demollm-wheels"))
+
+
+@pytest.fixture()
+def demollm_index(demollm_wheels: Any) -> Iterator[Any]:
+    """``wheelindex.DemoIndex`` serving ``demollm_wheels`` on loopback; ``.index_url`` is what
+    PIP_INDEX_URL would be; ``.stop()`` plays offline."""
+    from wheelindex import DemoIndex
+
+    with DemoIndex.of(demollm_wheels) as index:
+        yield index

@@ -10,6 +10,8 @@ Public API (everything else in this package is internal)::
     ArtifactCache(root)                                         # .lookup .import_paths .entries .gc
     default_cache_dir(setting="") -> Path
     extract_members(wheel, members, out_dir) -> list[ExtractedFile]   # stdlib only
+    index.fetch_project_files(downloader, index_url, package) -> (list[IndexFile], page_url)
+                                                                # PEP 691/503; bisect_tool.releases
 
 Order of work for ``get``: the cache (commits fetched, built or imported before are served from
 it with no network at all), then ``settings.sources`` in order: ``wheel-index`` (vLLM's

@@ -27,6 +27,12 @@ class NotFound(ArtifactUnavailable):
     """The server has no such file (404/410): the source simply does not have this commit."""
 
 
+class GaveUp(ArtifactUnavailable):
+    """Transient failures (no connection, DNS, timeouts, 5xx, 429) outlasted the retry policy:
+    the server could not be reached, or kept failing. Callers that can work offline (the
+    release listing falls back to its cache) tell this apart from a definite answer."""
+
+
 class _Transient(Exception):
     """A failure worth another attempt (5xx, 429, dropped connection)."""
 
@@ -58,16 +64,40 @@ def _retry_after(response: httpx.Response) -> float | None:
 class Downloader:
     """One per provider; counts the bytes it received (``bytes_received``)."""
 
-    def __init__(self, client: httpx.Client, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        client: httpx.Client,
+        retry: RetryPolicy | None = None,
+        *,
+        timeout: httpx.Timeout | None = None,
+    ) -> None:
         self.client = client
         self.retry = retry or RetryPolicy()
+        self.timeout = timeout  # None: the client's own
         self._lock = threading.Lock()
+        self._parent: Downloader | None = None
         self.bytes_received = 0
         self.requests = 0
 
-    def _count(self, n: int) -> None:
+    def with_policy(
+        self, retry: RetryPolicy, *, timeout: httpx.Timeout | None = None
+    ) -> Downloader:
+        """The same client under another retry policy and timeout, counting its requests and
+        bytes into this downloader's too: a quick look-up (an index listing that must not stall
+        an offline machine) beside the patient wheel downloads."""
+        child = Downloader(self.client, retry, timeout=timeout or self.timeout)
+        child._parent = self
+        return child
+
+    def _tally(self, requests: int = 0, received: int = 0) -> None:
         with self._lock:
-            self.bytes_received += n
+            self.requests += requests
+            self.bytes_received += received
+        if self._parent is not None:
+            self._parent._tally(requests, received)
+
+    def _count(self, n: int) -> None:
+        self._tally(received=n)
 
     def _run(self, what: str, attempt: Callable[[], Any]) -> Any:
         """Call ``attempt`` under the retry policy; tenacity imported here (not on GPU hosts)."""
@@ -92,7 +122,7 @@ class Downloader:
         try:
             return retrying(attempt)
         except _Transient as exc:
-            raise ArtifactUnavailable(
+            raise GaveUp(
                 f"{what}: gave up after {policy.attempts} attempts ({exc}); "
                 "check the network or the index and run again"
             ) from None
@@ -110,10 +140,10 @@ class Downloader:
         """A small GET (index pages, metadata.json), fully read, retried; 404 -> NotFound."""
 
         def attempt() -> httpx.Response:
-            with self._lock:
-                self.requests += 1
+            self._tally(requests=1)
+            extra: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
             try:
-                response = self.client.get(url, headers=headers, follow_redirects=True)
+                response = self.client.get(url, headers=headers, follow_redirects=True, **extra)
             except httpx.TransportError as exc:
                 raise _Transient(f"{type(exc).__name__}: {exc}") from None
             self._check(response, url)
@@ -130,15 +160,17 @@ class Downloader:
         dest.parent.mkdir(parents=True, exist_ok=True)
 
         def attempt() -> None:
-            with self._lock:
-                self.requests += 1
+            self._tally(requests=1)
             offset = part.stat().st_size if part.exists() else 0
             # identity: Range offsets count the bytes as stored, so no transfer compression.
             headers = {"Accept-Encoding": "identity"}
             if offset:
                 headers["Range"] = f"bytes={offset}-"
+            extra: dict[str, Any] = {} if self.timeout is None else {"timeout": self.timeout}
             try:
-                with self.client.stream("GET", url, headers=headers, follow_redirects=True) as r:
+                with self.client.stream(
+                    "GET", url, headers=headers, follow_redirects=True, **extra
+                ) as r:
                     if r.status_code == 416 and offset:
                         # The partial is as long as the file (or longer): start over.
                         part.unlink(missing_ok=True)

@@ -10,16 +10,16 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Literal, Protocol
-from urllib.parse import urldefrag, urljoin
+from typing import Literal, Protocol
+from urllib.parse import urljoin
 
 from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from bisect_tool.artifacts.download import Downloader, NotFound
+from bisect_tool.artifacts.index import IndexFile, fetch_project_files
 from bisect_tool.errors import ArtifactUnavailable
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -147,22 +147,6 @@ class WheelIndexSource:
         return Fetched("wheel", dest, url, temporary=True)
 
 
-class _Anchors(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[tuple[str, str]] = []  # (href, text)
-        self._href: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self._href = dict(attrs).get("href") or ""
-
-    def handle_data(self, data: str) -> None:
-        if self._href is not None:
-            self.links.append((self._href, data.strip()))
-            self._href = None
-
-
 def pip_index_url(env: Mapping[str, str] | None = None, home: Path | None = None) -> str:
     """The index the user's pip uses: $PIP_INDEX_URL, else index-url from pip's config files
     (site-wide, user, virtualenv, then $PIP_CONFIG_FILE; later wins; [install] over [global])."""
@@ -227,32 +211,9 @@ class ReleaseSource:
         self.downloader = downloader
         self.downloads = downloads
 
-    def _files(self) -> list[tuple[str, str, str]]:
-        """(filename, url, sha256) of every file of the package."""
-        url = f"{self.index}/{canonicalize_name(self.package)}/"
-        response = self.downloader.get(
-            url,
-            headers={
-                "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1",
-            },
-        )
-        files: list[tuple[str, str, str]] = []
-        if "json" in response.headers.get("content-type", ""):
-            data: Any = response.json()
-            for item in data.get("files", []):
-                href = urljoin(str(response.url), str(item["url"]))
-                plain, fragment = urldefrag(href)
-                sha = (item.get("hashes") or {}).get("sha256", "")
-                if not sha and fragment.startswith("sha256="):
-                    sha = fragment.split("=", 1)[1]
-                files.append((str(item["filename"]), plain, sha))
-            return files
-        parser = _Anchors()
-        parser.feed(response.text)
-        for href, text in parser.links:
-            plain, fragment = urldefrag(urljoin(str(response.url), href))
-            sha = fragment.split("=", 1)[1] if fragment.startswith("sha256=") else ""
-            files.append((text or plain.rsplit("/", 1)[-1], plain, sha))
+    def _files(self) -> list[IndexFile]:
+        """Every file of the package on the index's project page (JSON, or HTML)."""
+        files, _ = fetch_project_files(self.downloader, self.index, self.package)
         return files
 
     def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
@@ -262,13 +223,13 @@ class ReleaseSource:
             raise ArtifactUnavailable("the commit carries no release tag")
         wanted = canonicalize_name(self.package)
         wheels = []
-        for filename, url, sha in self._files():
-            rank = _wheel_rank(filename)
+        for file in self._files():
+            rank = _wheel_rank(file.filename)
             if rank is None:
                 continue
-            name, version, _, _ = parse_wheel_filename(filename)
+            name, version, _, _ = parse_wheel_filename(file.filename)
             if name == wanted:
-                wheels.append((version, rank, filename, url, sha))
+                wheels.append((version, rank, file.filename, file.url, file.sha256))
         for version in versions:
             # Version equality is PEP 440's: the tag v0.26 matches a wheel of 0.26.0.
             ranked = sorted((w[1:] for w in wheels if w[0] == version), key=lambda w: w[0])
