@@ -30,7 +30,7 @@ from bisect_tool.probes.cli import probe_command
 from bisect_tool.run import Outcome
 from bisect_tool.runtime.cli import model_group
 from bisect_tool.simulate_cli import simulate_command
-from bisect_tool.values import Verdict
+from bisect_tool.values import Verdict, short
 from bisect_tool.verdict import EndState, end_state
 
 
@@ -40,8 +40,10 @@ def cli() -> None:
     """Find the vLLM commit that introduced or fixed an intermittent bug in compiled kernels."""
 
 
-def _state_dir(repo: Path, state_dir: Path | None) -> Path:
-    """Default: inside the target repository's git dir, as git bisect keeps its state."""
+def _state_dir(repo: Path, state_dir: Path | None, *, releases: bool = False) -> Path:
+    """Default: inside the target repository's git dir, as git bisect keeps its state. Outside
+    a clone, a release-level bisect (which needs none) keeps it in the user state dir, where
+    the other commands then find it."""
     if state_dir is not None:
         return state_dir
     git_dir = repo / ".git"
@@ -50,10 +52,25 @@ def _state_dir(repo: Path, state_dir: Path | None) -> Path:
         if text.startswith("gitdir:"):
             git_dir = (repo / text.split(":", 1)[1].strip()).resolve()
     if not git_dir.is_dir():
+        outside = _user_state_dir()
+        if releases or (outside / JOURNAL_NAME).exists():
+            return outside
         raise RangeError(
             f"{repo} is not a git repository; pass --repo PATH pointing at your vLLM clone"
         )
     return git_dir / "bisect-tool"
+
+
+def _user_state_dir() -> Path:
+    """Where a bisect without a clone keeps its journal ($BISECT_STATE_DIR, else the
+    platform's user state dir: ~/.local/state/bisect on Linux)."""
+    import os
+
+    if os.environ.get("BISECT_STATE_DIR"):
+        return Path(os.environ["BISECT_STATE_DIR"]).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("bisect", appauthor=False))
 
 
 def _journal_path(repo: Path, state_dir: Path | None) -> Path:
@@ -99,7 +116,10 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
         def command(*args: object, **kwargs: object) -> None:
             from bisect_tool import statelock
 
-            path = _state_dir(kwargs["repo"], kwargs["state_dir"])  # type: ignore[arg-type]
+            path = _state_dir(
+                kwargs["repo"], kwargs["state_dir"],  # type: ignore[arg-type]
+                releases=bool(kwargs.get("releases")),
+            )
             if not create and not path.is_dir():
                 return fn(*args, **kwargs)
             with statelock.hold(path, fn.__name__, notice=_progress):
@@ -151,6 +171,20 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
     "--no-narrow", is_flag=True,
     help="Lifetimes only: skip the recipe's fast probe ([probe] narrow).",
 )
+@click.option(
+    "--releases", is_flag=True,
+    help="Bisect the released versions of the recipe's package (--good/--bad are versions: "
+    "0.27.0 or v0.27.0); no clone needed. With --repo it goes on to the commits between the "
+    "two releases it ends between.",
+)
+@click.option("--pre", is_flag=True, help="With --releases: pre-releases are candidates too.")
+@click.option(
+    "--include-yanked", is_flag=True, help="With --releases: yanked releases are candidates too."
+)
+@click.option(
+    "--index-url", default=None,
+    help="With --releases: the simple index to list and fetch releases from (default: pip's).",
+)
 @progress_options
 @repo_option
 @state_option
@@ -174,6 +208,10 @@ def start(
     cost_lifetime: float | None,
     no_controls: bool,
     no_narrow: bool,
+    releases: bool,
+    pre: bool,
+    include_yanked: bool,
+    index_url: str | None,
     quiet: bool,
     verbose: bool,
     repo: Path,
@@ -184,6 +222,17 @@ def start(
     from bisect_tool import run
 
     _check_run_command(run_command)
+    if (pre or include_yanked or index_url) and not releases:
+        raise UsageError("--pre, --include-yanked and --index-url go with --releases")
+    if releases and paths:
+        raise UsageError("--path filters commits; a release-level bisect has none (drop --path)")
+    release_request = None
+    if releases:
+        ctx = click.get_current_context()
+        explicit_repo = ctx.get_parameter_source("repo") is not click.core.ParameterSource.DEFAULT
+        release_request = run.ReleaseRequest(
+            index_url=index_url or "", pre=pre, yanked=include_yanked, then_commits=explicit_repo
+        )
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
     if recipe_obj is not None:
         recipe_obj = recipe_obj.override(
@@ -211,13 +260,14 @@ def start(
         repo=repo,
         good=good,
         bad=bad,
-        journal_path=_journal_path(repo, state_dir),
+        journal_path=_state_dir(repo, state_dir, releases=releases) / JOURNAL_NAME,
         recipe=recipe_obj,
         run_command=run_command,
         run_timeout=run_timeout,
         paths=paths,
         search_overrides=_search_overrides(confidence, max_evaluations, cost_new, cost_lifetime),
         command=("bisect", *sys.argv[1:]),
+        releases=release_request,
     )
     with _watching(quiet, verbose) as observer:
         outcome = run.start(request, observer)
@@ -282,14 +332,15 @@ def _print_outcome(outcome: Outcome) -> None:
         return
     if outcome.answered:
         word = "first good" if summary["direction"] == "fix" else "first bad"
+        noun = "release" if summary.get("level") == "release" else "commit"
         block = summary["flip_block"]
         if len(block) == 1:
             click.echo(
-                f"{word} commit: {block[0]} (confidence {summary['confidence']:.1%}, "
+                f"{word} {noun}: {block[0]} (confidence {summary['confidence']:.1%}, "
                 f"{summary['evaluations']} lifetimes)"
             )
         else:
-            click.echo(f"{word} commit could be any of ({summary['confidence']:.1%}):")
+            click.echo(f"{word} {noun} could be any of ({summary['confidence']:.1%}):")
             for sha in block:
                 click.echo(f"  {sha}")
         click.echo("see `bisect report` for the full report", err=True)
@@ -330,7 +381,7 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(f"state: {_liveness(summary['state'], repo, state_dir)} ({summary['direction']})")
-    flip = summary["flip_commit"] or ", ".join(str(s)[:12] for s in summary["flip_block"])
+    flip = summary["flip_commit"] or ", ".join(short(str(s)) for s in summary["flip_block"])
     click.echo(f"top candidate: {flip} at {summary['confidence']:.1%}")
     click.echo(f"90% credible set: {len(summary['credible_set'])} commits")
     click.echo(
@@ -341,7 +392,7 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
     if tiers:
         click.echo(
             f"tiers: {tiers['phase']}; the {tiers['kind']} probe ran {tiers['narrow_runs']} "
-            f"times and puts the flip at {str(tiers['narrow_flip'])[:12]} "
+            f"times and puts the flip at {short(str(tiers['narrow_flip']))} "
             f"({tiers['narrow_confidence']:.1%})"
         )
 
@@ -376,14 +427,14 @@ def log(repo: Path, state_dir: Path | None) -> None:
         kind = e.get("type")
         if kind == "observation":
             click.echo(
-                f"{e['lifetime_id']:<16} {e['commit'][:12]} {e['verdict']:<12} "
+                f"{e['lifetime_id']:<16} {short(e['commit'])} {e['verdict']:<12} "
                 + ("[fast probe] " if e.get("tier") == "narrow" else "")
                 + f"{e.get('message', '')[:80]}"
             )
         elif kind == "phase":
             click.echo(f"phase            {e['phase']}: {e.get('message', '')}")
         elif kind == "untestable":
-            click.echo(f"untestable       {e['commit'][:12]} {e.get('message', '')[:80]}")
+            click.echo(f"untestable       {short(e['commit'])} {e.get('message', '')[:80]}")
         elif kind == "controls":
             click.echo(f"controls         {'ok' if e.get('ok') else e.get('problem', '')[:100]}")
         elif kind == "end":

@@ -36,7 +36,7 @@ from bisect_tool.interfaces import (
     ServerProbe,
     SwapSet,
 )
-from bisect_tool.values import Observation, Verdict
+from bisect_tool.values import Observation, Verdict, short
 from bisect_tool.worktrees import remove_stale_worktrees, worktree
 
 Progress = Callable[[str], None]
@@ -364,7 +364,7 @@ class ControlsRunner:
         swap = self.evaluator._swap(self.commit, self.tags.get(self.commit, ()))
         result = None
         for attempt in range(self.attempts):
-            lid = f"control-{self.commit[:12]}-{attempt}"
+            lid = f"control-{short(self.commit)}-{attempt}"
 
             def boot(
                 env: Mapping[str, str], lid: str = lid

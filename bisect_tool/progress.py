@@ -16,6 +16,7 @@ from bisect_tool.events import (
     PosteriorMoved,
     RunStarted,
 )
+from bisect_tool.values import short
 
 
 def describe(event: Event) -> str | None:
@@ -33,10 +34,10 @@ def describe(event: Event) -> str | None:
     if isinstance(event, CandidateChosen):
         return (
             f"[{event.lifetimes_done} lifetimes, {event.candidates_left} candidates left, top "
-            f"{event.top_mass:.1%} at {event.top_sha[:12]}] "
+            f"{event.top_mass:.1%} at {short(event.top_sha)}] "
             + ("fast probe: " if event.tier == "narrow" else "")
             + f"{event.reason}: "
-            f"{event.sha[:12]} {event.subject[:60]} x{event.lifetimes}"
+            f"{short(event.sha)} {event.subject[:60]} x{event.lifetimes}"
         )
     if isinstance(event, ControlsEnded):
         return f"controls: {'ok' if event.ok else event.entry.get('problem', '')}"
@@ -109,8 +110,8 @@ class LiveView:
         with self._lock:
             if isinstance(event, CandidateChosen):
                 self._done, self._left = event.lifetimes_done, event.candidates_left
-                self._top = f"top {event.top_mass:.1%} at {event.top_sha[:12]}"
-                self._status = f"{event.reason}: {event.sha[:12]} {event.subject[:40]}"
+                self._top = f"top {event.top_mass:.1%} at {short(event.top_sha)}"
+                self._status = f"{event.reason}: {short(event.sha)} {event.subject[:40]}"
             elif isinstance(event, LifetimeStarted):
                 self._running[event.lifetime_id] = time.monotonic()
             elif isinstance(event, LifetimeEnded):
@@ -121,7 +122,7 @@ class LiveView:
                 line = describe(event)
             elif isinstance(event, PosteriorMoved):
                 self._done, self._left = event.lifetimes_done, event.candidates_left
-                self._top = f"top {event.top_mass:.1%} at {event.top_sha[:12]}"
+                self._top = f"top {event.top_mass:.1%} at {short(event.top_sha)}"
             else:
                 line = describe(event)
         if line:

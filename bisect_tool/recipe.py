@@ -36,6 +36,9 @@ class ArtifactSettings:
     sources: tuple[str, ...] = ("wheel-index", "release", "local", "source-build")
     swap_set: tuple[str, ...] = ()
     package: str = "vllm"
+    # The simple index (PEP 503/691) release wheels come from; "" = the one pip is configured
+    # with ($PIP_INDEX_URL, pip.conf), else PyPI.
+    index_url: str = ""
     wheel_index_url: str = "https://wheels.vllm.ai"
     variant: str = ""
     local_paths: dict[str, str] = field(default_factory=dict)  # commit or tag -> wheel or dir

@@ -366,3 +366,25 @@ def resolve_release_range(
         paths=(),
     )
     return ReleaseRange(commit_range, listing, tuple(left_out))
+
+
+def fetch_listing(package: str, index_url: str, cache_root: Path) -> ReleaseListing:
+    """``list_releases`` with an HTTP client of its own, closed on return (the run owner asks
+    for the listing once, before any artifact is fetched)."""
+    from bisect_tool.artifacts.download import Downloader
+
+    with httpx.Client(headers={"User-Agent": "bisect-tool"}) as client:
+        return list_releases(package, index_url, Downloader(client), cache_root)
+
+
+def release_aliases(package: str, tags: Iterable[str]) -> list[str]:
+    """The release ids a commit's release tags stand for (``v0.26.0`` -> ``vllm-0.26.0``): a
+    commit-level bisect finds the swap set a release-level one cached under that id."""
+    from bisect_tool.artifacts.sources import release_version
+
+    found = []
+    for tag in tags:
+        version = release_version(tag)
+        if version is not None:
+            found.append(release_id(package, version))
+    return found

@@ -45,7 +45,7 @@ from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe
 from bisect_tool.strategy import NoCandidateLeft
 from bisect_tool.tiers import Phase, Tier
-from bisect_tool.values import Observation, Verdict
+from bisect_tool.values import Direction, Observation, Verdict, short
 from bisect_tool.verdict import EndState, aggregate, trusted
 
 ControlsFactory = Callable[[str], "ControlsRunner | Any | None"]
@@ -99,6 +99,26 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class ReleaseRequest:
+    """``bisect start --releases``: bisect the recipe's package's releases (no clone needed)."""
+
+    index_url: str = ""  # "" = the recipe's [artifacts] index_url, else pip's index
+    pre: bool = False  # pre-releases are candidates too
+    yanked: bool = False  # yanked releases are candidates too
+    then_commits: bool = False  # a clone was given (--repo): go on to its commits at the end
+
+
+@dataclass(frozen=True)
+class Carried:
+    """Observations a commit-level run starts with: those of the two releases the release-level
+    run ended between, re-keyed to their commits (``release id -> (sha, position)``)."""
+
+    journal: Path
+    commits: Mapping[str, str]  # release id -> the commit its tag names
+    summary: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class StartRequest:
     """What ``bisect start`` was asked, after its flags were parsed."""
 
@@ -112,6 +132,8 @@ class StartRequest:
     paths: tuple[str, ...] = ()
     search_overrides: Mapping[str, Any] | None = None  # without a recipe: --confidence etc.
     command: tuple[str, ...] = ()
+    releases: ReleaseRequest | None = None
+    carried: Carried | None = None
 
 
 # -- the evaluator a recipe describes
@@ -221,6 +243,12 @@ def start(
 ) -> Outcome:
     """Resolve the range, write the journal's header, and run to the end (or, in manual mode,
     to the first candidate to judge)."""
+    path, commit_range = _create(request)
+    return resume(path, observer, evaluator_factory, _range=commit_range)
+
+
+def _create(request: StartRequest) -> tuple[Path, CommitRange]:
+    """The new journal: the range resolved, its header (and carried entries) written."""
     from bisect_tool.range import remote_url, resolve_range
     from bisect_tool.remote import clone_link_base
 
@@ -233,26 +261,175 @@ def start(
                 "`bisect resume` continues it, `bisect reset` ends it"
             )
     recipe = request.recipe
-    path_filter = request.paths or (recipe.range.paths if recipe else ())
-    commit_range = resolve_range(request.repo, request.good, request.bad, path_filter)
+    extra: dict[str, Any] = {}
+    if request.releases is not None:
+        if recipe is None or request.run_command:
+            raise UsageError(
+                "--releases needs --recipe (its [artifacts] package and swap set name what to "
+                "fetch for each release)"
+            )
+        commit_range, recipe, extra = _release_range(request, recipe, request.releases)
+    else:
+        path_filter = request.paths or (recipe.range.paths if recipe else ())
+        commit_range = resolve_range(request.repo, request.good, request.bad, path_filter)
     if path.exists():  # a finished bisect; kept until the new range resolved
         path.unlink()
     recipe_dict = recipe.to_dict() if recipe else {"search": dict(request.search_overrides or {})}
     mode = "run" if request.run_command else ("recipe" if recipe else "manual")
+    clone = request.releases is None or request.releases.then_commits
     header = session.header_for(
         commit_range,
         recipe=recipe_dict,
         command=request.command,
-        repo=request.repo.resolve(),
+        repo=request.repo.resolve() if clone else None,
         mode=mode,
     )
-    header["remote_url"] = remote_url(request.repo)
-    # where the report's commit links point: the clone's own GitHub vLLM remote, or nowhere
-    header["repo_url"] = clone_link_base(request.repo)
+    if clone:
+        header["remote_url"] = remote_url(request.repo)
+        # where the report's commit links point: the clone's own GitHub vLLM remote, or nowhere
+        header["repo_url"] = clone_link_base(request.repo)
+    else:
+        header["remote_url"] = ""
+        header["repo_url"] = ""
     header["run_command"] = request.run_command or ""
     header["run_timeout"] = request.run_timeout
+    header.update(extra)
+    if request.carried is not None:
+        header["previous"] = dict(request.carried.summary)
     journal_mod.create(path, header)
-    return resume(path, observer, evaluator_factory, _range=commit_range)
+    if request.carried is not None:
+        _carry(path, header, request.carried)
+    return path, commit_range
+
+
+def _release_range(
+    request: StartRequest, recipe: Recipe, releases: ReleaseRequest
+) -> tuple[CommitRange, Recipe, dict[str, Any]]:
+    """The releases between --good and --bad as candidates, the recipe as a release-level run
+    uses it (release wheels, or files at hand: no clone to build from), and the header's facts
+    about the listing."""
+    from bisect_tool.artifacts.cache import default_cache_dir
+    from bisect_tool.artifacts.sources import pip_index_url
+    from bisect_tool.releases import fetch_listing, resolve_release_range
+
+    settings = recipe.artifacts
+    index = releases.index_url or settings.index_url or pip_index_url()
+    listing = fetch_listing(settings.package, index, default_cache_dir(settings.cache_dir))
+    resolved = resolve_release_range(
+        listing, request.good, request.bad, pre=releases.pre, yanked=releases.yanked,
+        tag_format=recipe.range.release_tag,
+    )
+    commit_sources = list(settings.sources)
+    sources = tuple(s for s in settings.sources if s in ("release", "local")) or ("release",)
+    if "release" not in sources:
+        sources = ("release", *sources)
+    recipe = recipe.override("artifacts", sources=sources, index_url=listing.index_url)
+    extra = {
+        "level": "release",
+        "package": settings.package,
+        "index_url": listing.index_url,
+        "listing_source": listing.source,
+        "listing_note": listing.offline_reason,
+        "left_out": [list(item) for item in resolved.left_out],
+        "release_tag": recipe.range.release_tag,
+        "then_repo": str(request.repo.resolve()) if releases.then_commits else "",
+        "commit_sources": commit_sources,
+    }
+    return resolved.range, recipe, extra
+
+
+def _carry(path: Path, header: Mapping[str, Any], carried: Carried) -> None:
+    """Journal the release-level observations of the two end releases (and the controls) as
+    the commit-level run's first entries, re-keyed to the commits the release tags name."""
+    old = journal_mod.read(carried.journal)
+    positions = {str(c["sha"]): i for i, c in enumerate(header["candidates"])}
+    with journal_mod.Journal(path) as journal:
+        for entry in old.entries:
+            kind = entry.get("type")
+            if kind == "controls":
+                journal.append({k: v for k, v in entry.items() if k not in ("seq", "time")})
+            sha = carried.commits.get(str(entry.get("commit")))
+            if kind != "observation" or sha not in positions:
+                continue
+            moved = {k: v for k, v in entry.items() if k not in ("seq", "time")}
+            moved.update(commit=sha, position=positions[sha], carried_from=str(entry["commit"]))
+            journal.append(moved)
+
+
+HANDOVER_NAME = "journal.next.jsonl"
+RELEASES_NAME = "releases.jsonl"
+
+
+def settle_handover(journal_path: Path) -> None:
+    """Finish a release -> commit handover a kill interrupted between its two renames."""
+    nxt = journal_path.with_name(HANDOVER_NAME)
+    if not journal_path.exists() and nxt.exists():
+        nxt.replace(journal_path)
+
+
+def _continue_to_commits(
+    journal_path: Path,
+    state: session.State,
+    observer: Observer,
+    evaluator_factory: EvaluatorFactory,
+) -> Outcome | None:
+    """A release-level run that found its flip goes on to the commits between the two
+    adjacent releases in the clone it was given (cargo-bisect-rustc's nightlies -> commits),
+    carrying the observations it has of those two releases. None when there is nothing to do."""
+    header = state.header
+    repo = str(header.get("then_repo") or "")
+    if header.get("level") != "release" or not repo or state.end is None:
+        return None
+    if EndState(state.end["state"]) is not EndState.DONE:
+        return None
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.range import open_repo, resolve_ref
+
+    block, mass = state.strategy.top_block()
+    old_c, new_c = state.candidates[block[0] - 1], state.candidates[block[-1]]
+    if not old_c.tags or not new_c.tags:
+        return None
+    fix = state.direction is Direction.FIX
+    good_c, bad_c = (new_c, old_c) if fix else (old_c, new_c)
+    git_repo = open_repo(Path(repo))
+    with git_repo:
+        good_sha = resolve_ref(git_repo, good_c.tags[0])
+        bad_sha = resolve_ref(git_repo, bad_c.tags[0])
+    recipe = recipe_mod.from_dict_loose(header["recipe"])
+    recipe = recipe.override(
+        "artifacts", sources=tuple(header.get("commit_sources") or recipe.artifacts.sources)
+    )
+    archive = journal_path.with_name(RELEASES_NAME)
+    nxt = journal_path.with_name(HANDOVER_NAME)
+    nxt.unlink(missing_ok=True)
+    observer(Note(
+        f"first {'good' if fix else 'bad'} release {new_c.label} ({mass:.1%}); going on to "
+        f"the commits between {old_c.tags[0]} and {new_c.tags[0]} in {repo}"
+    ))
+    request = StartRequest(
+        repo=Path(repo),
+        good=good_c.tags[0],
+        bad=bad_c.tags[0],
+        journal_path=nxt,
+        recipe=recipe,
+        command=("bisect", "start", "--good", good_c.tags[0], "--bad", bad_c.tags[0],
+                 "--recipe", recipe.source or recipe.name, "--repo", repo),
+        carried=Carried(
+            journal_path,
+            {good_c.sha: good_sha, bad_c.sha: bad_sha},
+            {"level": "release", "journal": RELEASES_NAME, "good_ref": header.get("good_ref"),
+             "bad_ref": header.get("bad_ref"), "candidates": len(state.candidates),
+             "flip": new_c.sha, "flip_label": new_c.label, "confidence": mass,
+             "lifetimes": state.runs[Tier.FAITHFUL], "narrow_runs": state.runs[Tier.NARROW],
+             "package": header.get("package")},
+        ),
+    )
+    # The commit journal is written whole beside the release journal, which is then archived
+    # and replaced by it: a kill in between leaves both, and settle_handover finishes the move.
+    path, commit_range = _create(request)
+    journal_path.replace(archive)
+    path.replace(journal_path)
+    return resume(journal_path, observer, evaluator_factory, _range=commit_range)
 
 
 def resume(
@@ -266,17 +443,19 @@ def resume(
     from bisect_tool import recipe as recipe_mod
     from bisect_tool.runtime.common import sigterm_raises
 
+    settle_handover(journal_path)
     contents = journal_mod.read(journal_path)
     state = session.replay(contents)
     header = contents.header
     if state.end is not None:
-        return _outcome(state)
+        onward = _continue_to_commits(journal_path, state, observer, evaluator_factory)
+        return onward if onward is not None else _outcome(state)
     mode = header.get("mode", "manual")
     if mode == "manual":
         return _outcome(state, next_candidate=session.next_manual_candidate(state))
     observer(RunStarted(len(state.candidates), str(state.direction), len(state.seen_lifetimes)))
-    end_leftovers(Path(header["repo"]), journal_path.parent, str(header.get("session", "")),
-                  observer)
+    end_leftovers(Path(header["repo"]) if header.get("repo") else None, journal_path.parent,
+                  str(header.get("session", "")), observer)
     with journal_mod.Journal(journal_path) as journal, sigterm_raises():
         if mode == "run":
             evaluator: Evaluator = RunCommandEvaluator(
@@ -291,16 +470,20 @@ def resume(
             return _outcome(state)
         recipe = recipe_mod.from_dict_loose(header["recipe"])
         tags = {c.sha: c.tags for c in state.candidates}
+        repo = Path(header["repo"]) if header.get("repo") else journal_path.parent
         with evaluator_factory(
-            recipe, Path(header["repo"]), header["session"], journal_path.parent, tags, observer
+            recipe, repo, header["session"], journal_path.parent, tags, observer
         ) as evaluators:
             _environment(journal, state, contents, recipe)
             _controls(journal, state, recipe, evaluators.controls_for, observer)
             Loop(journal, state, evaluators, observer=observer).run()
-    return _outcome(state)
+    onward = _continue_to_commits(journal_path, state, observer, evaluator_factory)
+    return onward if onward is not None else _outcome(state)
 
 
-def end_leftovers(repo: Path, state_dir: Path, session_id: str, observer: Observer) -> int:
+def end_leftovers(
+    repo: Path | None, state_dir: Path, session_id: str, observer: Observer
+) -> int:
     """End what a killed run left running (probe process groups, worktrees); say how many."""
     from bisect_tool.children import end_all
     from bisect_tool.worktrees import remove_stale_worktrees
@@ -308,7 +491,8 @@ def end_leftovers(repo: Path, state_dir: Path, session_id: str, observer: Observ
     ended = end_all(state_dir, session_id)
     if ended:
         observer(Note(f"ended {ended} process group(s) left running by a killed run"))
-    remove_stale_worktrees(repo)
+    if repo is not None:  # a release-level run without a clone has no worktrees
+        remove_stale_worktrees(repo)
     return ended
 
 
@@ -553,7 +737,9 @@ def probe_commit(
     # Release tags let the download provider find the commit's published wheel.
     tags = {sha: tuple(t for t in git_repo.git.tag("--points-at", sha).split() if t)}
     session_id = f"probe-{secrets.token_hex(4)}"
-    observer(Note(f"probing {sha[:12]} ({ref}) with recipe {recipe.name!r}, session {session_id}"))
+    observer(Note(
+        f"probing {short(sha)} ({ref}) with recipe {recipe.name!r}, session {session_id}"
+    ))
     observations: list[Observation] = []
     control_entry: dict[str, Any] | None = None
     with _scratch(state_dir) as state, sigterm_raises(), evaluator_factory(
@@ -567,7 +753,7 @@ def probe_commit(
             control_entry = runner.run()
             observer(ControlsEnded(bool(control_entry["ok"]), control_entry))
         for index in range(lifetimes):
-            lifetime_id = f"{sha[:12]}-probe-{index}"
+            lifetime_id = f"{short(sha)}-probe-{index}"
             observer(LifetimeStarted(sha, lifetime_id))
             started = time.monotonic()
             obs = evaluator.evaluate(sha, lifetime_id, tags[sha])

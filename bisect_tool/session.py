@@ -31,7 +31,7 @@ from bisect_tool.tiers import (
     mixture_prior,
     stand_in_probability,
 )
-from bisect_tool.values import Direction, Observation, SearchState, Verdict
+from bisect_tool.values import Direction, Observation, SearchState, Verdict, short
 from bisect_tool.verdict import (
     MAX_INCONCLUSIVE_STREAK,
     EndState,
@@ -268,7 +268,7 @@ class State:
         n = self.lifetimes_by_commit.get(key, 0)
         infix = "-narrow" if tier is Tier.NARROW else ""
         while len(ids) < count:
-            lid = f"{commit[:12]}{infix}-{n}"
+            lid = f"{short(commit)}{infix}-{n}"
             n += 1
             if lid not in self.seen_lifetimes:
                 ids.append(lid)
@@ -333,6 +333,7 @@ class State:
             "good_end_doubt": st.good_end_doubt,
             "bad_end_doubt": st.bad_end_doubt,
             "message": (self.end or {}).get("message", ""),
+            "level": str(self.header.get("level") or "commit"),
         }
 
 
@@ -594,7 +595,7 @@ def record_manual(
     if position is None:
         from bisect_tool.errors import UsageError
 
-        raise UsageError(f"{commit[:12]} is not a candidate of this bisect; see `bisect log`")
+        raise UsageError(f"{short(commit)} is not a candidate of this bisect; see `bisect log`")
     obs = Observation(
         commit, verdict, state.next_lifetime_ids(commit)[0], {"manual": True}, message
     )

@@ -60,3 +60,14 @@ class SearchState:
     #: a tiered run (``[probe] narrow``): phase, the fast probe's flip and confidence, its runs,
     #: the confirm step's two candidates (positions), P(the fast probe is a valid stand-in)
     tiers: dict[str, Any] | None = None
+
+
+_HEX_CHARS = frozenset("0123456789abcdef")
+
+
+def short(ref: str) -> str:
+    """How messages and ids name a candidate: a commit SHA by its first 12 hex digits, any other
+    id (a release's ``vllm-0.26.0``) whole, since its prefix would not tell releases apart."""
+    if len(ref) >= 12 and set(ref) <= _HEX_CHARS:
+        return ref[:12]
+    return ref

@@ -96,7 +96,10 @@ def make_provider(
         elif name == "release":
             sources.append(
                 ReleaseSource(
-                    pip_index_url(), settings.package, downloader, cache.dirs["downloads"]
+                    settings.index_url or pip_index_url(),
+                    settings.package,
+                    downloader,
+                    cache.dirs["downloads"],
                 )
             )
         elif name == "local":
@@ -122,6 +125,7 @@ def make_provider(
             downloader=downloader,
             progress=progress,
             on_close=client.close if owned else None,
+            package=settings.package,
         )
     except BaseException:
         if owned:

@@ -29,6 +29,7 @@ from typing import Any
 from bisect_tool.artifacts.extract import copy_file_hashed, open_wheel, stream_member
 from bisect_tool.errors import ArtifactUnavailable, UsageError
 from bisect_tool.interfaces import SwapSet
+from bisect_tool.values import short
 
 MANIFEST_VERSION = 1
 APP_NAME = "bisect"
@@ -343,7 +344,7 @@ class ArtifactCache:
     def _must(self, commit: str, swap_set: Sequence[str]) -> SwapSet:
         found = self.lookup(commit, swap_set)
         if found is None:  # only if someone deleted the blobs under us
-            raise ArtifactUnavailable(f"cache entry of {commit[:12]} vanished while writing it")
+            raise ArtifactUnavailable(f"cache entry of {short(commit)} vanished while writing it")
         return found
 
     def _scratch(self) -> Path:

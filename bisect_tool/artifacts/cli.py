@@ -16,6 +16,7 @@ import click
 from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import RangeError, UsageError
 from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.values import short
 
 DEFAULT_RECIPE = "batch-invariance"
 FULL_SHA = re.compile(r"^[0-9a-fA-F]{40}$")
@@ -125,7 +126,8 @@ def ls_command(cache_dir: str | None) -> None:
     for m in entries:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_used))
         click.echo(
-            f"{m.commit[:12]}  {m.source:<12}  {len(m.files)} file(s)  {m.total_bytes:>12}  {used}"
+            f"{short(m.commit)}  {m.source:<12}  {len(m.files)} file(s)  "
+            f"{m.total_bytes:>12}  {used}"
         )
     click.echo(f"{len(entries)} commit(s), {cache.total_bytes()} bytes in {cache.root}", err=True)
 
@@ -148,7 +150,7 @@ def gc_command(max_bytes: int | None, recipe: str | None, cache_dir: str | None)
     cache = ArtifactCache(default_cache_dir(cache_dir or ""))
     result = cache.gc(max_bytes)
     for commit in result.removed:
-        click.echo(f"evicted {commit[:12]}")
+        click.echo(f"evicted {short(commit)}")
     click.echo(f"freed {result.freed_bytes} bytes; {result.remaining_bytes} bytes remain")
 
 
@@ -167,26 +169,40 @@ def extract_command(wheel: Path, members: tuple[str, ...], out: Path, recipe: st
 
 
 @artifacts_group.command("import")
-@click.option("--commit", "ref", required=True, help="SHA or tag the files belong to.")
+@click.option("--commit", "ref", default=None, help="SHA or tag the files belong to.")
+@click.option(
+    "--release", "release", default=None,
+    help="Or: the release of the recipe's package they belong to (0.26.0 or v0.26.0), for "
+    "`bisect start --releases` on a machine that cannot download.",
+)
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--member", "members", multiple=True, help="Swap-set path (default: the recipe's).")
 @recipe_option
 @click.option("--repo", "repo", default=".", type=click.Path(path_type=Path), show_default=True)
 @cache_option
 def import_command(
-    ref: str,
+    ref: str | None,
+    release: str | None,
     files: tuple[Path, ...],
     members: tuple[str, ...],
     recipe: str | None,
     repo: Path,
     cache_dir: str | None,
 ) -> None:
-    """Put a wheel, or the swap-set files themselves, into the cache for a commit (for machines
-    that cannot download)."""
+    """Put a wheel, or the swap-set files themselves, into the cache for a commit or a release
+    (for machines that cannot download)."""
     from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
 
     settings = _settings(recipe, members)
-    sha, _tags = resolve_ref(repo, ref)
+    if (ref is None) == (release is None):
+        raise UsageError("give one of --commit REF or --release VERSION")
+    if release is not None:
+        from bisect_tool.releases import parse_release_ref, release_id
+
+        sha = release_id(settings.package, parse_release_ref(release))
+    else:
+        assert ref is not None
+        sha, _tags = resolve_ref(repo, ref)
     cache = ArtifactCache(default_cache_dir(cache_dir or settings.cache_dir))
     swap = cache.import_paths(sha, list(files), settings.swap_set)
     for rel, path in swap.files.items():

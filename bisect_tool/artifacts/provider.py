@@ -3,6 +3,7 @@ background (mozregression's habit: fetch the next candidates while one is being 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import threading
@@ -16,6 +17,7 @@ from bisect_tool.artifacts.download import Downloader
 from bisect_tool.artifacts.sources import Source, swap_files_in
 from bisect_tool.errors import ArtifactUnavailable, BuildFailed, UsageError
 from bisect_tool.interfaces import SwapSet
+from bisect_tool.values import short
 
 
 class CachingProvider:
@@ -31,6 +33,7 @@ class CachingProvider:
         downloader: Downloader | None = None,
         progress: Callable[[str], None] | None = None,
         on_close: Callable[[], None] | None = None,
+        package: str = "",
     ) -> None:
         if not swap_set:
             raise UsageError("the recipe's [artifacts] swap_set is empty; list the files to swap")
@@ -40,6 +43,7 @@ class CachingProvider:
         self.downloader = downloader
         self.progress = progress or (lambda _msg: None)
         self._on_close = on_close
+        self.package = package  # release tags of a commit also find the release's cached files
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bisect-prefetch")
         self._pending: dict[str, Future[SwapSet]] = {}
         self._guard = threading.Lock()
@@ -67,13 +71,27 @@ class CachingProvider:
                 )
 
     # --- the work --------------------------------------------------------------------------
-    def _get(self, commit: str, tags: tuple[str, ...]) -> SwapSet:
+    def _cached(self, commit: str, tags: tuple[str, ...]) -> SwapSet | None:
         cached = self.cache.lookup(commit, self.swap_set)
+        if cached is not None or not self.package:
+            return cached
+        from bisect_tool.releases import release_aliases
+
+        # A release tag's commit: a release-level bisect (or `artifacts import --release`) may
+        # have cached that release's files already; they are the same bytes.
+        for alias in release_aliases(self.package, tags):
+            found = self.cache.lookup(alias, self.swap_set)
+            if found is not None:
+                return dataclasses.replace(found, commit=commit)
+        return None
+
+    def _get(self, commit: str, tags: tuple[str, ...]) -> SwapSet:
+        cached = self._cached(commit, tags)
         if cached is not None:
             return cached
         # One fetch per commit across processes: the second waits here, then finds it cached.
         with self.cache.lock(commit):
-            cached = self.cache.lookup(commit, self.swap_set)
+            cached = self._cached(commit, tags)
             if cached is not None:
                 return cached
             reasons: list[str] = []
@@ -88,14 +106,14 @@ class CachingProvider:
                     reasons.append(f"{source.name}: {exc.message}")
             summary = "; ".join(reasons) if reasons else "no sources configured"
             if build_failure is not None:
-                raise BuildFailed(f"no artifact for {commit[:12]}: {summary}")
-            raise ArtifactUnavailable(f"no artifact for {commit[:12]}: {summary}")
+                raise BuildFailed(f"no artifact for {short(commit)}: {summary}")
+            raise ArtifactUnavailable(f"no artifact for {short(commit)}: {summary}")
 
     def _from(self, source: Source, commit: str, tags: tuple[str, ...]) -> SwapSet:
         work = Path(tempfile.mkdtemp(prefix="work-", dir=self.cache.dirs["tmp"]))
         try:
             fetched = source.fetch(commit, tags, work)
-            self.progress(f"{commit[:12]}: {source.name} -> {fetched.origin}")
+            self.progress(f"{short(commit)}: {source.name} -> {fetched.origin}")
             try:
                 if fetched.kind == "wheel":
                     return self.cache.add_wheel(

@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from bisect_tool.artifacts.download import Downloader, NotFound
 from bisect_tool.artifacts.index import IndexFile, fetch_project_files
 from bisect_tool.errors import ArtifactUnavailable
+from bisect_tool.values import short
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Before metadata.json existed, vLLM's per-commit folder held one wheel under a fixed name.
@@ -89,7 +90,7 @@ def _wheel_rank(filename: str) -> int | None:
 
 def _download_name(commit: str, url: str, cache_downloads: Path) -> Path:
     # Stable name per commit and file so a later run resumes a partial left by a crash.
-    return cache_downloads / f"{commit[:12]}-{url.rsplit('/', 1)[-1].replace('%2B', '+')}"
+    return cache_downloads / f"{short(commit)}-{url.rsplit('/', 1)[-1].replace('%2B', '+')}"
 
 
 class WheelIndexSource:

@@ -117,6 +117,9 @@ def build_report(
         "headline": _headline(answer, rng, commits, recipe, environment),
         "rests_on": _rests_on(tested, good_end, bad_end, controls),
         "tiers": tiers,
+        "releases": _releases(header, commits, answer, recipe, bundled_recipe),
+        "previous": dict(header["previous"]) if isinstance(header.get("previous"), Mapping)
+        else None,
         "range": rng,
         "prs": _prs(commits, rng, repo_url),
         "environment": environment,
@@ -141,6 +144,55 @@ def build_report(
 
 
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+_HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def short_ref(sha: str) -> str:
+    """A commit by its first SHORT hex digits; a release id (``vllm-0.26.0``) whole."""
+    return sha[:SHORT] if _HEX.match(sha) else sha
+
+
+def _releases(
+    header: Mapping[str, Any],
+    commits: Sequence[Mapping[str, Any]],
+    answer: Mapping[str, Any],
+    recipe: Mapping[str, Any],
+    bundled_recipe: Mapping[str, Any] | None,
+) -> dict[str, Any] | None:
+    """A release-level run: where the releases were listed, which were left out and why, and
+    the next step, the commits between the two releases it ended between, as a command."""
+    if header.get("level") != "release":
+        return None
+    paths = [str(x) for x in (recipe.get("range") or {}).get("paths") or []]
+    name = str(recipe.get("name") or "")
+    recipe_arg = name if bundled_recipe else str(recipe.get("source") or name)
+    next_step = None
+    block = answer.get("flip_block") or []
+    if answer.get("state") == "done" and block:
+        first = int(block[0]["index"])
+        old, new = commits[first - 1] if first > 0 else None, commits[int(block[-1]["index"])]
+        tag = str((recipe.get("range") or {}).get("release_tag") or "v{version}")
+
+        def ref(c: Mapping[str, Any]) -> str:
+            tags = [str(t) for t in c.get("tags") or []]
+            return tags[0] if tags else tag.format(version=str(c["sha"]).rsplit("-", 1)[-1])
+
+        if old is not None:
+            fix = answer.get("direction") == "fix"
+            good, bad = (ref(new), ref(old)) if fix else (ref(old), ref(new))
+            next_step = {
+                "old": ref(old), "new": ref(new), "paths": paths,
+                "command": shlex.join(["bisect", "start", "--good", good, "--bad", bad,
+                                       "--recipe", recipe_arg]),
+            }
+    return {
+        "package": header.get("package"),
+        "index_url": header.get("index_url"),
+        "listing_source": header.get("listing_source"),
+        "listing_note": header.get("listing_note") or None,
+        "left_out": [{"version": str(v), "why": str(w)} for v, w in header.get("left_out") or []],
+        "next_step": next_step,
+    }
 
 
 def _faithful_view(contents: JournalContents) -> JournalContents:
@@ -207,7 +259,7 @@ def _tiers(
     return {
         "kind": state_tiers.get("kind"),
         "phase": state_tiers.get("phase"),
-        "narrow_flip": _name(by_sha[flip]) if flip in by_sha else flip[:SHORT],
+        "narrow_flip": _name(by_sha[flip]) if flip in by_sha else short_ref(flip),
         "narrow_confidence": _num(state_tiers.get("narrow_confidence")),
         "narrow_runs": state_tiers.get("narrow_runs"),
         "narrow_candidates": len(rows),
@@ -269,7 +321,7 @@ def _commit(raw: Mapping[str, Any], index: int, repo_url: str) -> dict[str, Any]
     return {
         "index": index,
         "sha": sha,
-        "short": sha[:SHORT],
+        "short": short_ref(sha),
         "subject": subject.strip(),
         "pr": pr_number,
         "tags": list(raw.get("tags") or []),
@@ -411,7 +463,7 @@ def _lifetimes(
             "seq": obs.get("seq"),
             "lifetime_id": obs.get("lifetime_id"),
             "sha": sha,
-            "short": sha[:SHORT],
+            "short": short_ref(sha),
             "index": index,
             "verdict": str(obs.get("verdict", "")).upper(),
             "message": obs.get("message") or "",
@@ -436,8 +488,24 @@ def _untestables(
     for entry in contents.of_type("untestable"):
         index = _index_of(entry, commits)
         sha = str(entry.get("commit", ""))
-        out.append({"sha": sha, "short": sha[:SHORT], "index": index,
+        out.append({"sha": sha, "short": short_ref(sha), "index": index,
+                    "name": _name(commits[index]) if index >= 0 else short_ref(sha),
                     "message": entry.get("message") or ""})
+    # Candidates whose every lifetime was UNTESTABLE (no artifact, a failed build, the gate
+    # rejecting its extension, a server that never booted): why, in the lifetime's own words.
+    listed = {u["sha"] for u in out}
+    by_index: dict[int, list[Mapping[str, Any]]] = {}
+    for obs in contents.observations:
+        index = _index_of(obs, commits)
+        if index >= 0:
+            by_index.setdefault(index, []).append(obs)
+    for index, seen in sorted(by_index.items()):
+        sha = commits[index]["sha"]
+        if sha in listed or any(str(o.get("verdict")) != "untestable" for o in seen):
+            continue
+        out.append({"sha": sha, "short": short_ref(sha), "index": index,
+                    "name": _name(commits[index]), "message": str(seen[-1].get("message") or ""),
+                    "lifetimes": len(seen)})
     return out
 
 
@@ -610,8 +678,8 @@ def _headline(
     block = answer["flip_block"]
     fixed = answer["direction"] == "fix"
     searched = (
-        f"{rng['bad_ref'] or rng['bad_sha'][:SHORT]} (bad) .. "
-        f"{rng['good_ref'] or rng['good_sha'][:SHORT]} (good), {rng['level']} level, "
+        f"{rng['bad_ref'] or short_ref(rng['bad_sha'])} (bad) .. "
+        f"{rng['good_ref'] or short_ref(rng['good_sha'])} (good), {rng['level']} level, "
         f"{rng['candidates']} candidates"
         + (f" touching {', '.join(rng['paths'])}" if rng["paths"] else "")
     )
@@ -627,11 +695,13 @@ def _headline(
         if swap:
             files = ", ".join(f"`{Path(x).name}`" for x in swap)
             other = commits[rng["bad_end_index"]] if fixed else commits[rng["good_end_index"]]
-            python_side = str(pinned) if pinned else _name(other)
-            words += (
-                f", in the compiled extension: {_name(flip)}'s {files} under "
-                f"{python_side}'s Python"
-            )
+            if pinned:
+                python_side = f"{pinned}'s Python"
+            elif rng.get("level") == "release":  # its ends are not the pinned stack's release
+                python_side = "the pinned stack's Python"
+            else:
+                python_side = f"{_name(other)}'s Python"
+            words += f", in the compiled extension: {_name(flip)}'s {files} under {python_side}"
     elif answer["state"] == "done" and block:
         words = f"{'fixed' if fixed else 'broken'} by one of {len(block)} commits"
     return {"searched": searched, "words": words}
@@ -649,11 +719,28 @@ def _rests_on(
         r = by_index.get(i) or {}
         return {"lifetimes": int(r.get("lifetimes", 0)), "divergent": int(r.get("divergent", 0))}
 
-    others = [r for r in tested if r["index"] not in (good_end, bad_end)]
+    def stand_in(end: int, other: int) -> dict[str, Any] | None:
+        """An untestable end's nearest tested candidate toward the other end (the search
+        checked it in the end's place)."""
+        row = by_index.get(end)
+        if row is None or row.get("verdict") != "UNTESTABLE":
+            return None
+        step = 1 if other > end else -1
+        for i in range(end + step, other + step, step):
+            near = by_index.get(i)
+            if near is not None and near.get("verdict") != "UNTESTABLE":
+                return {"index": i, "name": _name(near), **counts(i)}
+        return None
+
+    bad_stand_in, good_stand_in = stand_in(bad_end, good_end), stand_in(good_end, bad_end)
+    taken = {good_end, bad_end} | {int(x["index"]) for x in (bad_stand_in, good_stand_in) if x}
+    others = [r for r in tested if r["index"] not in taken]
     held = "not run" if controls is None else "held" if controls.get("ok") else "failed"
     return {
         "bad_end": counts(bad_end),
         "good_end": counts(good_end),
+        "bad_end_stand_in": bad_stand_in,
+        "good_end_stand_in": good_stand_in,
         "other_lifetimes": sum(int(r["lifetimes"]) for r in others),
         "other_candidates": len(others),
         "controls": held,

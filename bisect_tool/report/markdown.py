@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.probes.render import render_op_detail, render_server_detail
-from bisect_tool.report.facts import SHORT
+from bisect_tool.report.facts import short_ref
 from bisect_tool.report.plot import pct as _pct
 from bisect_tool.report.plot import text_plot
 
@@ -77,7 +77,8 @@ def _commit_ref(c: Mapping[str, Any]) -> str:
 
 def _answer_line(report: Mapping[str, Any]) -> list[str]:
     a = report["answer"]
-    label = "First good commit" if a["direction"] == "fix" else "First bad commit"
+    noun = "release" if (report.get("range") or {}).get("level") == "release" else "commit"
+    label = f"First good {noun}" if a["direction"] == "fix" else f"First bad {noun}"
     block = a["flip_block"]
     conf = _pct(a["confidence"])
     claim = (f"**{conf}** that this is the {label.lower()} and both ends behave as given")
@@ -103,7 +104,7 @@ def _state_lines(report: Mapping[str, Any]) -> list[str]:
     if state == "bad_end_never_reproduced":
         rng = report["range"]
         ref = f"{_code(rng['bad_ref'])} " if rng.get("bad_ref") else ""
-        return [f"**Nothing to bisect**: the bad end ({ref}{_code(rng['bad_sha'][:SHORT])}) "
+        return [f"**Nothing to bisect**: the bad end ({ref}{_code(short_ref(rng['bad_sha']))}) "
                 f"never showed the bug in {a['bad_end_lifetimes']} lifetimes{reason}. Check "
                 "the recipe reproduces it there (controls, co-residency, jitter) before "
                 "bisecting."]
@@ -130,6 +131,11 @@ def _rests_on_line(report: Mapping[str, Any]) -> str:
     def side(name: str) -> str:
         n, d = r[name]["lifetimes"], r[name]["divergent"]
         what = name.replace("_", " ")
+        stand_in = r.get(f"{name}_stand_in")
+        if stand_in:  # the end itself could not be run
+            m, e = stand_in["lifetimes"], stand_in["divergent"]
+            return (f"the {what} untestable, {_code(stand_in['name'])} standing in for it with "
+                    f"{m} lifetime{'s' if m != 1 else ''} ({e} divergent)")
         return f"{n} lifetime{'s' if n != 1 else ''} of the {what} ({d} divergent)"
 
     if controls is None:
@@ -170,6 +176,38 @@ def _probe_line(report: Mapping[str, Any]) -> str:
     r = report.get("recipe") or {}
     kind = (r.get("probe") or {}).get("kind") or "server"
     return f"- Probe: recipe {_code(r.get('name') or 'none')} ({kind} probe)"
+
+
+def _release_lines(report: Mapping[str, Any]) -> list[str]:
+    """Release level: what was listed and left out, and the next step (the commits between the
+    two releases). Commit level after a release-level run: what that run found."""
+    lines = []
+    r = report.get("releases")
+    if r:
+        where = _esc(r.get("index_url") or "?")
+        source = {"index": "", "cache": " (offline: the listing cached from it)",
+                  "artifact-cache": " (offline: the releases in the artifact cache)"}.get(
+            str(r.get("listing_source")), "")
+        left = ", ".join(f"{_esc(x['version'])} ({_esc(x['why'])})" for x in r["left_out"])
+        lines.append(f"- Releases of {_code(r.get('package') or '?')} listed from {where}{source}"
+                     + (f"; left out: {left}" if left else ""))
+        step = r.get("next_step")
+        if step:
+            paths = (f" (candidates: the commits touching {', '.join(step['paths'])})"
+                     if step["paths"] else "")
+            lines.append(f"- Next: the commits between {_code(step['old'])} and "
+                         f"{_code(step['new'])}{paths}, in a vLLM clone: "
+                         f"{_code(step['command'])}")
+    prev = report.get("previous")
+    if prev:
+        lines.append(
+            f"- Narrowed first over {prev.get('candidates')} releases "
+            f"({_esc(prev.get('bad_ref'))} .. {_esc(prev.get('good_ref'))}): the first "
+            f"{'good' if report['answer']['direction'] == 'fix' else 'bad'} release was "
+            f"{_code(prev.get('flip_label'))} ({_pct(prev.get('confidence'))}, "
+            f"{prev.get('lifetimes')} lifetimes); its lifetimes of the two releases are carried "
+            f"into this run (release journal: {_code(prev.get('journal'))})")
+    return lines
 
 
 def _side(side: Mapping[str, Any]) -> str:
@@ -295,7 +333,10 @@ def _evidence_table(report: Mapping[str, Any]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     tested = {r["index"]: r for r in report["tested"]}
     seen: set[int] = set()
-    for lt in report["lifetimes"]:
+    # grouped by candidate (range order), each candidate's lifetimes in journal order: lifetimes
+    # that ran in parallel interleave in the journal
+    ordered = sorted(report["lifetimes"], key=lambda lt: (lt["index"], lt.get("seq") or 0))
+    for lt in ordered:
         r = tested.get(lt["index"])
         if r is None:
             continue
@@ -315,13 +356,14 @@ def _evidence_table(report: Mapping[str, Any]) -> list[str]:
                  lt.get("moved") or "-"]
         lines.append("| " + " | ".join(cells) + " |")
     for u in report["untestable"]:
-        lines.append(f"| {_code(u['short'])} | - | **UNTESTABLE** | - | - | - | - | - |")
+        if not u.get("lifetimes"):  # those with lifetimes have their rows above
+            lines.append(f"| {_code(u['short'])} | - | **UNTESTABLE** | - | - | - | - | - |")
     return lines
 
 
 def _untestable_lines(report: Mapping[str, Any]) -> list[str]:
-    return [f"- {_code(u['short'])} untestable: {_esc(u['message'] or 'no reason recorded')}"
-            for u in report["untestable"]]
+    return [f"- {_code(u.get('name') or u['short'])} untestable: "
+            f"{_esc(u['message'] or 'no reason recorded')}" for u in report["untestable"]]
 
 
 def _reproduce_lines(report: Mapping[str, Any]) -> list[str]:
@@ -406,6 +448,7 @@ def render_markdown(report: Mapping[str, Any], *, plot: Path | str | None = None
     lines: list[str] = [title, ""]
     lines += _answer_line(report) if a["state"] == "done" else _state_lines(report)
     lines += ["", _searched_line(report), _probe_line(report)]
+    lines += _release_lines(report)
     if report.get("tiers"):
         lines += _tier_lines(report)
     if a["state"] not in ("controls_failed",):
@@ -418,6 +461,8 @@ def render_markdown(report: Mapping[str, Any], *, plot: Path | str | None = None
     lines += ["### Evidence", ""]
     if report["lifetimes"] or report["untestable"]:
         lines += _evidence_table(report)
+        if report["untestable"]:
+            lines += ["", *_untestable_lines(report)]
     else:
         lines.append("No lifetime ran.")
     lines += ["", "### Controls", "", *_controls_lines(report), ""]

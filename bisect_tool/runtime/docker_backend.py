@@ -46,6 +46,7 @@ from bisect_tool.runtime.common import (
 )
 from bisect_tool.runtime.gpu_passthrough import GpuAccess, GpuMode
 from bisect_tool.runtime.overlay import safe_name, split_swap_path
+from bisect_tool.values import short
 
 
 def labels(session: str, *, candidate: str = "", lifetime: str = "") -> dict[str, str]:
@@ -424,7 +425,7 @@ class DockerBackend:
                 type="bind",
                 read_only=True,
             )
-            what = f"candidate {swap.commit[:12]} {rel}"
+            what = f"candidate {short(swap.commit)} {rel}"
             return self._dump(targets[rel], what=what, mounts=[mount])
 
         schemas.check_extensions(

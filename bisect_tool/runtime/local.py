@@ -38,6 +38,7 @@ from bisect_tool.runtime.common import (
 )
 from bisect_tool.runtime.logpump import open_pump
 from bisect_tool.runtime.overlay import OVERLAY_PREFIX, overlay, safe_name, split_swap_path
+from bisect_tool.values import short
 
 
 class _Server:
@@ -278,12 +279,12 @@ class LocalBackend:
             with overlay(
                 swap.files,
                 self.package_dir,
-                tag=f"{self.session}-check-{swap.commit[:12]}",
+                tag=f"{self.session}-check-{short(swap.commit)}",
                 parent=self.overlay_parent,
             ) as root:
 
                 def candidate_for(rel: str) -> dict[str, str] | None:
-                    what = f"candidate {swap.commit[:12]} {rel}"
+                    what = f"candidate {short(swap.commit)} {rel}"
                     return schemas.dump_local(self.settings.python, str(root / rel), what=what)
 
                 schemas.check_extensions(swap, exts, self._pinned_dump, candidate_for)

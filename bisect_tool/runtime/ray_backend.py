@@ -49,7 +49,7 @@ from bisect_tool.errors import (
 )
 from bisect_tool.interfaces import ArtifactProvider, SwapSet
 from bisect_tool.recipe import ProbeSettings, RuntimeSettings
-from bisect_tool.values import Observation, Verdict
+from bisect_tool.values import Observation, Verdict, short
 
 INSTALL_HINT = "pip install 'bisect-tool[ray]'"
 #: Ray's own retries of a task whose worker process or node died (system failures only)
@@ -117,7 +117,7 @@ def pack_swap(swap: SwapSet, shared_cache: str = "") -> ShippedSwap:
             # The cache verified it when it was stored; a change since is the disk, not the commit.
             raise InfrastructureError(
                 f"{path} changed in the artifact cache (sha256 {digest[:12]}, expected "
-                f"{expected[:12]}); remove it and run `bisect resume`"
+                f"{short(expected)}); remove it and run `bisect resume`"
             )
         files.append(ShippedFile(rel, digest, data=data))
     return ShippedSwap(swap.commit, tuple(files), swap.source, swap.origin)
@@ -384,7 +384,7 @@ class RayEvaluator:
         entry, _attempts, _task_s = self._submit(
             swap,
             lambda ref: self._controls.remote(self.runtime, self.probe, self.session, ref),
-            f"controls on {commit[:12]}",
+            f"controls on {short(commit)}",
         )
         entry.pop("where", None)
         return entry

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from bisect_tool.errors import IncompatibleExtension, InfrastructureError
 from bisect_tool.interfaces import SwapSet
+from bisect_tool.values import short
 
 # Runs under the *pinned* interpreter (any Python >= 3.8; torch optional). Prints one JSON object.
 DUMP_SCRIPT = r"""
@@ -190,7 +191,7 @@ def check_pair(
     problems = compare_schemas(pinned, candidate)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise IncompatibleExtension(f"candidate {commit[:12]}: {swap_path}: {problems[0]}{more}")
+        raise IncompatibleExtension(f"candidate {short(commit)}: {swap_path}: {problems[0]}{more}")
 
 
 def is_extension(rel_path: str) -> bool:

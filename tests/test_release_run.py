@@ -1,0 +1,155 @@
+"""`bisect start --releases` end to end (issue 16): a real simple index on loopback holding real
+demollm wheels (tests/wheelindex.py), real server lifetimes of the pinned demo stack with each
+release's compiled kernel swapped in, the report's next step, offline from the cache, and the
+hand-over to the commits between the two releases in a clone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gitrepos import run_cli
+
+from bisect_tool import journal as journal_mod
+from bisect_tool.demo import pinned
+from bisect_tool.demo.cli import write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def release_recipe(tmp_path: Path, cache: Path, *, narrow: bool = False) -> Path:
+    """The demo recipe as a release-level bisect of the package ``demollm``: release wheels
+    first (source builds stay for the commit level the run may go on to)."""
+    pinned.ensure_pinned_build()
+    path = write_recipe(tmp_path / "demo-releases.toml", cache)
+    text = path.read_text()
+    text = re.sub(r'(?m)^sources = .*$', 'sources = ["release", "source-build"]', text)
+    if not narrow:
+        text = re.sub(r'(?m)^narrow = .*$', "", text)
+    path.write_text(text)
+    return path
+
+
+def _journal(state: Path) -> journal_mod.JournalContents:
+    return journal_mod.read(state / journal_mod.JOURNAL_NAME)
+
+
+def test_releases_find_the_first_good_release_and_say_what_was_left_out(
+    tmp_path: Path, demollm_index: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bad end 0.25.0 is one the pinned stack rejects (its rms_norm schema is the old one):
+    UNTESTABLE with the op named, and the nearest testable release stands in for it."""
+    monkeypatch.setenv("PIP_INDEX_URL", demollm_index.index_url)
+    cache = tmp_path / "cache"
+    recipe = release_recipe(tmp_path, cache)
+    state = tmp_path / "state"
+    code, out, err = run_cli(
+        "start", "--releases", "--good", "0.27.0", "--bad", "v0.25.0", "--recipe", str(recipe),
+        "--state-dir", str(state), "-q",
+    )
+    assert code == 0, err
+    assert "first good release: demollm-0.27.0" in out
+    contents = _journal(state)
+    header = contents.header
+    assert header["level"] == "release" and header["repo"] == ""
+    ids = [c["sha"] for c in header["candidates"]]
+    assert ids == ["demollm-0.25.0", "demollm-0.25.1", "demollm-0.26.0", "demollm-0.27.0"]
+    assert sorted(v for v, _ in header["left_out"]) == ["0.26.1", "0.27.0rc1"]
+    # 0.25.0's extension declares the old rms_norm schema: UNTESTABLE, the op named
+    untestable = [o for o in contents.observations if o["commit"] == "demollm-0.25.0"]
+    assert untestable and all(o["verdict"] == "untestable" for o in untestable)
+    assert "_C::rms_norm" in untestable[0]["message"]
+    assert untestable[0]["detail"]["stage"] == "gate"
+    code, report, err = run_cli("report", "--state-dir", str(state))
+    assert code == 0, err
+    assert "0.27.0" in report.splitlines()[0]
+    # the next step: the commits between the two releases, ready to paste
+    assert "bisect start --good v0.27.0 --bad v0.26.0 --recipe" in report
+    assert "0.26.1 (yanked: broken build)" in report and "0.27.0rc1 (pre-release)" in report
+    # why 0.25.0 could not be tested, as GitHub renders it (Markdown escapes the underscores)
+    assert "op \\_C::rms\\_norm changed" in report
+    assert "**First good release**" in report
+
+    # Offline: the listing and the swap sets come from the cache; the index is never asked.
+    demollm_index.stop()
+    before = sum(demollm_index.gets.values())
+    offline = tmp_path / "offline"
+    code, out, err = run_cli(
+        "start", "--releases", "--good", "0.27.0", "--bad", "0.25.0", "--recipe", str(recipe),
+        "--state-dir", str(offline), "-q",
+    )
+    assert code == 0, err
+    assert "first good release: demollm-0.27.0" in out
+    assert _journal(offline).header["listing_source"] == "cache"
+    assert sum(demollm_index.gets.values()) == before
+
+
+def test_releases_given_the_other_way_round_stop_without_naming_one(
+    tmp_path: Path, demollm_index: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--good older than --bad asks for the first bad release (a regression); here the newer
+    end is the fixed one, so its lifetimes never diverge and no release is named."""
+    monkeypatch.setenv("PIP_INDEX_URL", demollm_index.index_url)
+    recipe = release_recipe(tmp_path, tmp_path / "cache")
+    state = tmp_path / "state"
+    code, out, err = run_cli(
+        "start", "--releases", "--good", "0.26.0", "--bad", "0.27.0", "--recipe", str(recipe),
+        "--state-dir", str(state), "-q",
+    )
+    assert code == 9, (out, err)
+    header = _journal(state).header
+    assert header["direction"] == "regression"
+    end = _journal(state).end or {}
+    assert end["state"] in ("ends_contradict", "bad_end_never_reproduced")
+    assert "demollm-0.27.0" in end["message"]
+
+
+def test_unknown_release_is_one_line_naming_the_nearest(
+    tmp_path: Path, demollm_index: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", demollm_index.index_url)
+    recipe = release_recipe(tmp_path, tmp_path / "cache")
+    code, out, err = run_cli(
+        "start", "--releases", "--good", "0.27.5", "--bad", "0.24.0", "--recipe", str(recipe),
+        "--state-dir", str(tmp_path / "state"),
+    )
+    assert code == 3
+    assert err.count("\n") == 1 and "0.27.5" in err and "0.28.0" in err
+    assert "Traceback" not in err
+
+
+def test_releases_with_a_clone_go_on_to_its_commits(
+    tmp_path: Path, demollm_index: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --repo, the run ends at the planted commit of the demo history, having carried the
+    lifetimes of 0.26.0 and 0.27.0 over to the commits their tags name."""
+    from bisect_tool.demo.history import generate
+
+    monkeypatch.setenv("PIP_INDEX_URL", demollm_index.index_url)
+    history = generate(tmp_path / "repo", commits=80)
+    recipe = release_recipe(tmp_path, tmp_path / "cache")
+    state = tmp_path / "state"
+    code, out, err = run_cli(
+        "start", "--releases", "--good", "0.27.0", "--bad", "0.26.0", "--recipe", str(recipe),
+        "--repo", str(history.repo), "--state-dir", str(state), "-q",
+    )
+    assert code == 0, err
+    assert history.planted_commit in out
+    released = journal_mod.read(state / "releases.jsonl")
+    commits = _journal(state)
+    assert released.header["level"] == "release" and commits.header.get("level") is None
+    assert commits.header["previous"]["flip"] == "demollm-0.27.0"
+    carried = [o for o in commits.observations if o.get("carried_from")]
+    assert {o["carried_from"] for o in carried} == {"demollm-0.26.0", "demollm-0.27.0"}
+    release_lifetimes = [o for o in released.observations
+                         if o["commit"] in ("demollm-0.26.0", "demollm-0.27.0")]
+    assert len(carried) == len(release_lifetimes)
+    shas = {c["sha"] for c in commits.header["candidates"]}
+    assert {o["commit"] for o in carried} <= shas
+    code, report, err = run_cli("report", "--state-dir", str(state), "--format", "json")
+    assert code == 0, err
+    assert json.loads(report)["previous"]["flip_label"] == "demollm-0.27.0"
