@@ -91,8 +91,21 @@ BOUNDS: dict[str, dict[str, Bound]] = {
 }
 
 
+# Keys whose value must be one of a few words; anything else would only fail inside a child
+# process much later (the op check's child would refuse an unknown --abi with a usage error).
+CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "probe": {"op_abi": ("torch", "ctypes")},
+}
+
+
 def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
     """Raise a one-line RecipeError for the first value of ``section`` out of its range."""
+    for key, allowed in CHOICES.get(section, {}).items():
+        if key in values and values[key] not in allowed:
+            raise RecipeError(
+                f"{source}: '{section}.{key}' must be one of {', '.join(map(repr, allowed))}, "
+                f"got {values[key]!r}"
+            )
     for key, bound in BOUNDS.get(section, {}).items():
         if key not in values:
             continue

@@ -115,6 +115,11 @@ class ProbeSettings:
     hidden_sizes: tuple[int, ...] = (512, 4096)
     seeds: int = 16
     row_counts: tuple[int, int] = (255, 300)
+    # How the op check calls the ops: "torch" loads a vLLM extension into PyTorch
+    # (torch.ops.<op_namespace>.<op>); "ctypes" loads a plain C library that declares the same
+    # schemas through bisect_op_schemas() and takes float32 rows (the demo's demollm/_kernels.so),
+    # with no torch in the child at all.
+    op_abi: str = "torch"
     # run probe
     command: str = ""
     timeout_s: float = 0.0

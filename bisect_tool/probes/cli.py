@@ -71,7 +71,8 @@ def _complete_recipe(ctx: click.Context, param: click.Parameter, incomplete: str
 @click.option("--extension", type=click.Path(path_type=Path), metavar="PATH",
               help="Run the focused op check on this compiled extension (.so).")
 @click.option("--python", "python", default=None, metavar="EXE",
-              help="Interpreter with PyTorch for --extension (default: this one).")
+              help="Interpreter with PyTorch for --extension (default: this one); numpy is "
+              "enough when the recipe's op_abi is \"ctypes\".")
 @click.option("--env", "env_pairs", multiple=True, metavar="K=V",
               help="Environment for the --extension child, e.g. VLLM_BATCH_INVARIANT=1.")
 @click.option("--commit", default=None, metavar="REF",

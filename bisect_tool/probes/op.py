@@ -1,5 +1,8 @@
 """The focused op probe: load a candidate's extension into PyTorch and check one kernel's rows.
 
+With ``[probe] op_abi = "ctypes"`` the child loads a plain C library with ctypes instead (the
+demo's ``demollm/_kernels.so``, which declares the same op schemas); same cases, same report.
+
 The extension is loaded in a child interpreter (``op_child.py``, default ``sys.executable``,
 normally the pinned stack's Python) so the environment, e.g. ``VLLM_BATCH_INVARIANT=1``, is set
 before the library loads, and a crashing kernel takes down only the child.
@@ -90,6 +93,9 @@ class OpProbe:
             "--rows", *(str(r) for r in s.row_counts),
             "--device", self.device,
             "--report-env", s.invariance_env,
+            # torch: a vLLM extension in torch.ops; ctypes: a C library declaring the same op
+            # schemas (the demo's _kernels.so), checked with no torch in the child.
+            "--abi", s.op_abi,
         ]
 
     def run_extension(self, path: Path, env: Mapping[str, str] | None = None) -> ProbeResult:
@@ -118,7 +124,8 @@ class OpProbe:
                 Verdict.UNTESTABLE, {**detail, "returncode": proc.returncode},
                 f"op check exited {proc.returncode} without a result: {tail}",
             )
-        detail.update({k: report.get(k) for k in ("torch", "device", "env") if k in report})
+        detail.update({k: report.get(k) for k in ("torch", "abi", "rng", "device", "env")
+                       if k in report})
         if report.get("error"):
             detail["error"] = report["error"]
             return ProbeResult(Verdict.UNTESTABLE, detail,

@@ -79,6 +79,13 @@ def render_server_detail(detail: Mapping[str, Any]) -> str:
     return _table(["", "value"], rows)
 
 
+def _op_runtime(detail: Mapping[str, Any]) -> str:
+    """What called the ops: PyTorch and its version, or ctypes (a C library, no torch)."""
+    if detail.get("abi") == "ctypes":
+        return "ctypes"
+    return f"torch {detail.get('torch', '?')}"
+
+
 def render_op_detail(detail: Mapping[str, Any]) -> str:
     """The op probe: one row per (op, dtype, hidden), differing cases / total and max |diff|."""
     rows = [
@@ -89,7 +96,7 @@ def render_op_detail(detail: Mapping[str, Any]) -> str:
     small_big = detail.get("row_counts") or ["small", "big"]
     head = (f"Rows 0..{int(small_big[0]) - 1 if isinstance(small_big[0], int) else 'n'} of a "
             f"{small_big[0]}-row launch vs a {small_big[1]}-row launch, bitwise "
-            f"(library `{detail.get('library', '?')}`, torch {detail.get('torch', '?')}, "
+            f"(library `{detail.get('library', '?')}`, {_op_runtime(detail)}, "
             f"{detail.get('device', '?')}, env {detail.get('env', {})})")
     if not rows:
         return head + "\n\nno cases ran" + (f": {detail['error']}" if detail.get("error") else "")

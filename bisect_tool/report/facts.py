@@ -544,7 +544,8 @@ def _recipe_summary(recipe: Mapping[str, Any]) -> dict[str, Any]:
         keys = ("requests", "fillers", "repeats", "max_tokens", "logprobs", "jitter_ms",
                 "target_coresidency", "invariance_env")
     elif kind == "op":
-        keys = ("ops", "dtypes", "hidden_sizes", "seeds", "row_counts", "invariance_env")
+        keys = ("ops", "dtypes", "hidden_sizes", "seeds", "row_counts", "op_abi",
+                "invariance_env")
     else:
         keys = ("command", "timeout_s")
     return {
