@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lifetimes", type=int, default=40, help="lifetimes to estimate p")
     parser.add_argument("--commits", type=int, default=300)
     parser.add_argument("--load", choices=["quiet", "loaded", "both"], default="both")
+    parser.add_argument("--keep", type=Path, default=Path("bench-failures"),
+                        help="copy the state dir (journal, logs) of a run that missed the fix")
     args = parser.parse_args(argv)
     loads = ["quiet", "loaded"] if args.load == "both" else [args.load]
     recipe = recipe_mod.load("demo")
@@ -65,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                 for n in range(args.runs):
                     r = demo_run(root / f"run-{n}", args.commits)
                     runs.append(r)
+                    if r.get("flip_commit") != r.get("planted_commit") and args.keep:
+                        # the evidence of a failed run outlives the temp dir
+                        shutil.copytree(root / f"run-{n}" / "state",
+                                        args.keep / f"{load}-{n}", dirs_exist_ok=True)
                     print(f"{load} run {n}: rc={r['rc']} found="
                           f"{r.get('flip_commit') == r.get('planted_commit')} confidence="
                           f"{r.get('confidence')} lifetimes={r.get('lifetimes')} "

@@ -200,6 +200,10 @@ class BayesianStrategy:
         self.retired: set[int] = set()
         #: positions whose artifacts are at hand although this search has not run them yet
         self.artifacts_ready: set[int] = set()
+        #: parallel slots at an end run the same end again (False for a deterministic probe)
+        self.repeat_ends = True
+        #: lifetimes at the bad end before the search leaves it (BAD_END_LIFETIMES)
+        self.bad_end_lifetimes = self.BAD_END_LIFETIMES
         self._bb_p = _BetaBinomial(self.priors.p_alpha, self.priors.p_beta)
         self._bb_q = _BetaBinomial(self.priors.q_alpha, self.priors.q_beta)
         self._hyp = np.arange(1, self.n + 1)
@@ -676,7 +680,7 @@ class BayesianStrategy:
             return Choice(bad_end, 1, f"check {names[0]} first")
         if d[bad_end] == 0:
             return Choice(bad_end, 1, f"{names[0]} has not shown the bug yet")
-        if t[bad_end] < self.BAD_END_LIFETIMES and d[bad_end] == t[bad_end]:
+        if t[bad_end] < self.bad_end_lifetimes and d[bad_end] == t[bad_end]:
             return Choice(bad_end, 1, f"estimate how often {names[0]} shows the bug")
         if t[good_end] == 0:
             return Choice(good_end, 1, f"check {names[1]}")
@@ -727,16 +731,12 @@ class BayesianStrategy:
         if slots <= 1:
             return [first]
         if within is not None:
-            # confirming: the other side gets the other slots (both are needed to stop)
-            other = within[1] if first.position == within[0] else within[0]
-            if other in self.counts.untestable or other in self.retired:
-                other = first.position
-            rest = slots - 1
-            if other == first.position:
-                return [Choice(first.position, slots, first.reason)]
-            return [Choice(first.position, 1, first.reason),
-                    Choice(other, rest, "the other side (parallel)")]
+            return self._confirm_batch(first, slots, within)
         if first.reason.startswith(("check", "the bad end", "estimate")):
+            if not self.repeat_ends:
+                # a deterministic probe learns nothing from a second run at the same end: the
+                # other end takes the next slot, then the best other candidates
+                return self._spread(first, slots)
             # the ends: more lifetimes of the same end are exactly what is needed
             return [Choice(first.position, min(slots, max(first.lifetimes, slots)), first.reason)]
         batch = [Choice(first.position, min(first.lifetimes, slots), first.reason, first.rate)]
@@ -750,6 +750,42 @@ class BayesianStrategy:
             used += 1
         if used < slots:  # nothing else worth a slot: more lifetimes of the best
             batch[0] = Choice(first.position, batch[0].lifetimes + slots - used, first.reason)
+        return batch
+
+    def _confirm_batch(self, first: Choice, slots: int, within: tuple[int, int]) -> list[Choice]:
+        """Slots on the two sides of a flip: the checks each side still needs first, then by
+        value per cost (certifying the good side usually wants most of them)."""
+        bad, good = within
+        counts: dict[int, int] = {first.position: 1}
+        reasons = {first.position: first.reason}
+        usable = [i for i in within if i not in self.counts.untestable and i not in self.retired]
+        ranked = self._ranked(set(usable)) if usable else []
+        for _ in range(slots - 1):
+            if good in usable and not self.counts.total[good] and good not in counts:
+                pick, why = good, "check the good side (parallel)"
+            elif ranked and ranked[0].rate > 1e-9:
+                pick, why = ranked[0].position, ranked[0].reason + " (parallel)"
+            else:
+                pick, why = first.position, first.reason
+            counts[pick] = counts.get(pick, 0) + 1
+            reasons.setdefault(pick, why)
+        del bad
+        return [Choice(pos, n, reasons[pos]) for pos, n in counts.items()]
+
+    def _spread(self, first: Choice, slots: int) -> list[Choice]:
+        batch = [Choice(first.position, 1, first.reason)]
+        _, good = self.effective_ends()
+        if good is not None and good != first.position and not self.counts.total[good]:
+            batch.append(Choice(good, 1, "check the good end (parallel)"))
+        taken = {c.position for c in batch}
+        if len(batch) < slots and self.counts.total[self.bad_end] and good is not None \
+                and self.counts.total[good]:
+            for choice in self._ranked():
+                if len(batch) >= slots:
+                    break
+                if choice.position not in taken and choice.rate > 1e-9:
+                    batch.append(Choice(choice.position, 1, choice.reason + " (parallel)"))
+                    taken.add(choice.position)
         return batch
 
 

@@ -61,6 +61,8 @@ DISAGREE_AT = 0.95
 #: the fast probe must show the bug at the bad end within this many runs: a stand-in that is
 #: itself intermittent is not worth narrowing with (the faithful search takes over)
 NARROW_END_RUNS = 4
+#: the fast probe's prior probability that it shows the bug in every run on the bad side
+NARROW_POINT_MASS = 0.9
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from bisect_tool.errors import UsageError
+from bisect_tool.errors import NoAnswer, UsageError
 
 
 @click.command("demo")
@@ -48,22 +48,33 @@ from bisect_tool.errors import UsageError
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the history.")
 @click.option("--commits", type=int, default=300, show_default=True)
+@click.option(
+    "--lifetimes-only", is_flag=True,
+    help="Search with server lifetimes alone (no op check narrowing the range first).",
+)
 def demo_command(
-    workdir: Path | None, as_json: bool, backend: str, out: Path | None, seed: int, commits: int
+    workdir: Path | None, as_json: bool, backend: str, out: Path | None, seed: int, commits: int,
+    lifetimes_only: bool,
 ) -> None:
     """Run the whole pipeline on the built-in demo target (no GPU needed)."""
     from bisect_tool.demo.summary import DEFAULT_OUT_DIR
 
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="bisect-demo-") as tmp:
-            _run(Path(tmp), as_json, backend, seed, commits, out or DEFAULT_OUT_DIR)
+            found = _run(Path(tmp), as_json, backend, seed, commits, out or DEFAULT_OUT_DIR,
+                         lifetimes_only)
     else:
-        _run(workdir, as_json, backend, seed, commits, out or workdir / DEFAULT_OUT_DIR)
+        found = _run(workdir, as_json, backend, seed, commits, out or workdir / DEFAULT_OUT_DIR,
+                     lifetimes_only)
+    if not found:
+        # A demo that did not find its own planted fix failed: `make demo` must say so.
+        raise NoAnswer("the demo did not find its planted fix; the report above says what it saw")
 
 
 def _run(
-    workdir: Path, as_json: bool, backend: str, seed: int, commits: int, out: Path
-) -> None:
+    workdir: Path, as_json: bool, backend: str, seed: int, commits: int, out: Path,
+    lifetimes_only: bool = False,
+) -> bool:
     from bisect_tool import journal as journal_mod
     from bisect_tool.demo import pinned
     from bisect_tool.demo.history import generate
@@ -87,15 +98,19 @@ def _run(
     from bisect_tool import run
     from bisect_tool.progress import PlainLines
 
+    recipe = recipe_mod.load(str(recipe_path))
+    if lifetimes_only:
+        recipe = recipe.override("probe", narrow="")
     request = run.StartRequest(
         repo=repo,
         good=history.good_tag,
         bad=history.bad_tag,
         journal_path=state_dir / journal_mod.JOURNAL_NAME,
-        recipe=recipe_mod.load(str(recipe_path)),
+        recipe=recipe,
         command=(
             "bisect", "start", "--good", history.good_tag, "--bad", history.bad_tag,
             "--recipe", str(recipe_path), "--repo", str(repo), "--state-dir", str(state_dir),
+            *(("--no-narrow",) if lifetimes_only else ()),
         ),
     )
     outcome = run.start(request, PlainLines(lifetimes=False))
@@ -107,7 +122,8 @@ def _run(
     contents = journal_mod.read(journal_path)
     end = contents.end or {}
     summary = end.get("summary", {})
-    observations = contents.observations
+    narrow_runs = [o for o in contents.observations if o.get("tier") == "narrow"]
+    observations = [o for o in contents.observations if o.get("tier") != "narrow"]
     breakdown = _breakdown(observations, wall)
     report_path, plot_path, markdown = _write_report(journal_path, out)
     if as_json:
@@ -124,6 +140,8 @@ def _run(
                     "plot": str(plot_path) if plot_path else None,
                     "evaluations": len({o["commit"] for o in observations}),
                     "lifetimes": len(observations),
+                    "narrow_runs": len(narrow_runs),
+                    "narrow_candidates": len({o["commit"] for o in narrow_runs}),
                     "wall_s": round(wall, 2),
                     "state": end.get("state"),
                     "breakdown": breakdown,
@@ -131,7 +149,7 @@ def _run(
                 indent=2,
             )
         )
-        return
+        return summary.get("flip_commit") == history.planted_commit
     click.echo(markdown)
     found = summary.get("flip_commit") == history.planted_commit
     click.echo(f"\nplanted fix: {history.planted_commit} -> {'found' if found else 'NOT found'}")
@@ -159,10 +177,12 @@ def _run(
                 wall_s=wall,
                 report_path=report_path,
                 plot_path=plot_path,
+                narrow_runs=len(narrow_runs),
             )
         ),
         nl=False,
     )
+    return found
 
 
 def _write_report(journal_path: Path, out: Path) -> tuple[Path, Path | None, str]:

@@ -29,6 +29,7 @@ class DemoOutcome:
     wall_s: float  # the bisect run's wall time
     report_path: Path | str | None
     plot_path: Path | str | None
+    narrow_runs: int = 0  # the fast probe's runs (the op check), when the search narrowed
 
 
 def format_summary(outcome: DemoOutcome) -> str:
@@ -51,7 +52,9 @@ def format_summary(outcome: DemoOutcome) -> str:
         ("found commit", found),
         ("confidence", "unknown" if o.confidence is None else f"{o.confidence:.2%}"),
         ("estimated p", rate + " (chance a pre-fix lifetime shows the bug)"),
-        ("lifetimes", f"{o.lifetimes} (plus the controls' lifetime)"),
+        ("lifetimes", f"{o.lifetimes} (plus the controls' lifetime)"
+         + (f"; {o.narrow_runs} op-check runs narrowed the range first" if o.narrow_runs
+            else "")),
         ("wall time", f"{o.wall_s:.1f} s"),
         ("report", str(o.report_path) if o.report_path else "not written"),
         ("plot", str(o.plot_path) if o.plot_path else "not written (needs matplotlib)"),
