@@ -185,6 +185,11 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
     "--index-url", default=None,
     help="With --releases: the simple index to list and fetch releases from (default: pip's).",
 )
+@click.option(
+    "--locate", "locate_first", is_flag=True,
+    help="First run `bisect locate` on the two ends; bisect only if the compiled side "
+    "carries the change.",
+)
 @progress_options
 @repo_option
 @state_option
@@ -212,6 +217,7 @@ def start(
     pre: bool,
     include_yanked: bool,
     index_url: str | None,
+    locate_first: bool,
     quiet: bool,
     verbose: bool,
     repo: Path,
@@ -270,8 +276,114 @@ def start(
         releases=release_request,
     )
     with _watching(quiet, verbose) as observer:
+        if locate_first:
+            if recipe_obj is None:
+                raise UsageError("--locate needs --recipe (it boots the recipe's server)")
+            _locate_first(recipe_obj, good, bad, repo, request, release_request, observer)
         outcome = run.start(request, observer)
     _print_outcome(outcome)
+
+
+def _locate_first(
+    recipe: recipe_mod.Recipe, good: str, bad: str, repo: Path, request: object,
+    releases: object, observer: Observer,
+) -> None:
+    """``start --locate``: the swap matrix first; the bisect follows only when the compiled
+    side carries the change (a Python-side change cannot be found by swapping _C)."""
+    from bisect_tool import locate as locate_mod
+    from bisect_tool.matrix import Explanation
+
+    state_dir = request.journal_path.parent  # type: ignore[attr-defined]
+    outcome = locate_mod.locate(
+        locate_mod.LocateRequest(good, bad, recipe, state_dir,
+                                 repo=repo if releases is None else None, releases=releases),
+        observer,
+    )
+    click.echo(locate_mod.render(outcome))
+    finding = outcome.finding
+    if not finding.decided or finding.explanation is not Explanation.COMPILED:
+        raise NoAnswer(
+            f"bisect locate says {finding.explanation} ({finding.probability:.1%}): not "
+            "bisecting the compiled side (see above)"
+        )
+    click.echo("")
+
+
+@cli.command()
+@click.option("--good", required=True, help="An end with the good behaviour (ref or release).")
+@click.option("--bad", required=True, help="An end with the bad behaviour.")
+@click.option(
+    "--recipe", "recipe_name", required=True, help="Bundled recipe name or TOML path.",
+    shell_complete=complete_recipe,
+)
+@click.option("--releases", is_flag=True, help="The ends are releases of the recipe's package.")
+@click.option("--index-url", default=None, help="With --releases: the simple index to use.")
+@click.option("--good-python", type=click.Path(path_type=Path), default=None,
+              help="The good end's Python side: a folder holding its package (site-packages).")
+@click.option("--bad-python", type=click.Path(path_type=Path), default=None,
+              help="The bad end's Python side: a folder holding its package.")
+@click.option("--lifetimes-per-cell", type=click.IntRange(min=1), default=12, show_default=True,
+              help="Most lifetimes of one cell.")
+@click.option("--confidence", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, help="Stop when one explanation holds this posterior mass.")
+@click.option("--gpus", default=None, help="GPUs for lifetimes, e.g. 0,1.")
+@click.option("--python", "python_exe", default=None, help="Interpreter of the Python sides.")
+@click.option("--no-controls", is_flag=True, help="Skip the positive/negative controls.")
+@click.option("--json", "as_json", is_flag=True, help="Print the finding as JSON.")
+@progress_options
+@repo_option
+@state_option
+@_state_locked()
+def locate(
+    good: str, bad: str, recipe_name: str, releases: bool, index_url: str | None,
+    good_python: Path | None, bad_python: Path | None, lifetimes_per_cell: int,
+    confidence: float | None, gpus: str | None, python_exe: str | None, no_controls: bool,
+    as_json: bool, quiet: bool, verbose: bool, repo: Path, state_dir: Path | None,
+) -> None:
+    """Which side carries the change: the probe on {good, bad} Python side x {good, bad}
+    compiled side, before any bisect. Exit 0 with an answer, 9 below the asked confidence."""
+    from bisect_tool import locate as locate_mod
+    from bisect_tool import run
+    from bisect_tool.matrix import CELLS, Side
+
+    recipe = recipe_mod.load(recipe_name).override("search", confidence=confidence)
+    recipe = recipe.override(
+        "runtime", python=python_exe,
+        gpus=tuple(g for g in gpus.split(",") if g) if gpus else None,
+    )
+    if no_controls:
+        recipe = recipe.override("probe", controls=False)
+    python_dirs = {side: path for side, path in ((Side.GOOD, good_python),
+                                                  (Side.BAD, bad_python)) if path is not None}
+    request = locate_mod.LocateRequest(
+        good, bad, recipe, _state_dir(repo, state_dir, releases=releases),
+        repo=None if releases else repo,
+        releases=run.ReleaseRequest(index_url=index_url or "") if releases else None,
+        python_dirs=python_dirs, lifetimes_per_cell=lifetimes_per_cell,
+        command=("bisect", *sys.argv[1:]),
+    )
+    with _watching(quiet, verbose) as observer:
+        outcome = locate_mod.locate(request, observer)
+    f = outcome.finding
+    if as_json:
+        click.echo(json.dumps({
+            "explanation": str(f.explanation), "probability": f.probability,
+            "decided": f.decided, "posterior": {str(k): v for k, v in f.posterior.items()},
+            "tied": [str(t) for t in f.tied], "good": outcome.good.sha, "bad": outcome.bad.sha,
+            "cells": {c.key: {"divergent": outcome.counts[c].divergent,
+                              "lifetimes": outcome.counts[c].total,
+                              "untestable": outcome.counts[c].untestable or None}
+                      for c in CELLS},
+            "lifetimes": outcome.lifetimes, "next": outcome.next_step,
+            "journal": str(outcome.journal),
+        }, indent=2))
+    else:
+        click.echo(locate_mod.render(outcome))
+    if not f.decided:
+        raise NoAnswer(
+            f"no explanation holds the asked confidence ({f.explanation} at "
+            f"{f.probability:.1%}); raise --lifetimes-per-cell or see the cells above"
+        )
 
 
 def _check_run_command(run_command: str | None) -> None:

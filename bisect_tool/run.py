@@ -170,19 +170,24 @@ def open_evaluator(
             yield Evaluators(op_evaluator)
             return
         if recipe.runtime.backend == "ray":
-            if recipe.probe.narrow:
-                raise UsageError(
-                    "[probe] narrow runs the fast probe where the tool runs; with --backend ray "
-                    "use --no-narrow, or the local or docker backend"
-                )
             # Lifetimes are Ray tasks; as many run at once as the cluster has free GPUs.
             from bisect_tool.runtime.ray_backend import ray_evaluator
 
             with ray_evaluator(
                 provider, recipe, session=session_id, tags=tags, progress=progress
             ) as ray_eval:
+                narrow_here = None
+                if recipe.probe.narrow == "op":
+                    # The fast probe runs here, on the driver, on the same artifacts; the
+                    # cluster's lifetimes gate the candidates they run.
+                    progress("the op check narrows here, on the driver; lifetimes run on Ray")
+                    narrow_here = OpEvaluator(
+                        provider, OpProbe(recipe.probe, python=recipe.runtime.python or None),
+                        recipe.runtime.env, tags,
+                    )
+                    narrow_here.observer = observer
                 # Its controls runner has ControlsRunner's interface: run() -> the journal entry.
-                yield Evaluators(ray_eval, ray_eval.parallel, ray_eval.controls_for)
+                yield Evaluators(ray_eval, ray_eval.parallel, ray_eval.controls_for, narrow_here)
             return
         backend = make_backend(recipe.runtime, session=session_id, log_dir=log_dir)
         try:

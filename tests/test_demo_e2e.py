@@ -103,11 +103,27 @@ def test_demo_finds_the_planted_fix_and_the_report_matches_the_journal(tmp_path:
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
     by_commit: dict[str, list[str]] = {}
+    narrow: dict[str, list[str]] = {}
     for o in contents.observations:
-        by_commit.setdefault(o["commit"], []).append(o["verdict"])
+        (narrow if o.get("tier") == "narrow" else by_commit).setdefault(o["commit"], []).append(
+            o["verdict"])
     tested = {row["sha"]: row for row in data["tested"]}
     assert set(tested) == set(by_commit)
     for sha, verdicts in by_commit.items():
         assert tested[sha]["lifetimes"] == len(verdicts)
         assert tested[sha]["divergent"] == verdicts.count("divergent")
+    # The demo narrows with its op check first (issue 16): the op runs are the tiers section's,
+    # and server lifetimes ran only on the two sides of the flip the op check found.
+    tiers = data["tiers"]
+    phases = [p["phase"] for p in tiers["phases"]]
+    assert phases[0] == "confirm"
+    assert {r["index"] for r in tiers["narrow"]} == {
+        next(i for i, c in enumerate(contents.header["candidates"]) if c["sha"] == sha)
+        for sha in narrow
+    }
+    assert sum(r["runs"] for r in tiers["narrow"]) == sum(len(v) for v in narrow.values())
+    planted = summary["planted_commit"]
+    shas = [c["sha"] for c in contents.header["candidates"]]
+    if phases == ["confirm"]:  # no fall-back to the plain search (rare: tiers.DISAGREE_AT)
+        assert set(by_commit) == {planted, shas[shas.index(planted) - 1]}
     assert data["controls"]["positive"]["verdict"].upper() == "DIVERGENT"

@@ -1,0 +1,420 @@
+"""``bisect locate``: which side carries the change, before any bisect (issue 18).
+
+Runs the recipe's faithful probe on the four cells of ``bisect_tool.matrix`` ({good, bad} Python
+side x {good, bad} compiled side), several fresh lifetimes each, with the controls on the good
+end's own pair, and weighs the explanations under the search's intermittency model. Each Python
+side is the end's package with its own swap set (``artifacts.stacks``); a cell is one lifetime
+of that Python side with the other end's swap set laid over it by the runtime, exactly as a
+bisect candidate is, and the compatibility gate decides whether a crossing can load at all.
+
+The journal (``locate.jsonl`` in the state dir) is written before the next step and replayed
+on ``bisect locate`` again, so a killed run loses nothing. ``bisect start --locate`` runs this
+first and bisects only when the compiled side carries the change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bisect_tool import journal as journal_mod
+from bisect_tool.errors import AbortError, UsageError
+from bisect_tool.events import LifetimeEnded, LifetimeStarted, Note, Observer, ignore, notes_to
+from bisect_tool.matrix import (
+    CELLS,
+    GG,
+    MEANING,
+    Cell,
+    CellCounts,
+    Explanation,
+    Finding,
+    Side,
+    conclude,
+    next_cell,
+)
+from bisect_tool.range import Candidate
+from bisect_tool.recipe import Recipe
+from bisect_tool.values import Observation, Verdict, short
+from bisect_tool.verdict import Evidence, evidence
+
+LOCATE_JOURNAL = "locate.jsonl"
+
+
+@dataclass(frozen=True)
+class LocateRequest:
+    """What ``bisect locate`` was asked, after its flags were parsed."""
+
+    good: str
+    bad: str
+    recipe: Recipe
+    state_dir: Path
+    repo: Path | None = None  # a clone: commits, and Python sides from git
+    releases: Any = None  # run.ReleaseRequest: the ends are releases of the recipe's package
+    python_dirs: Mapping[Side, Path] = dataclasses.field(default_factory=dict)
+    lifetimes_per_cell: int = 12
+    command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LocateOutcome:
+    finding: Finding
+    counts: dict[Cell, CellCounts]
+    good: Candidate
+    bad: Candidate
+    lifetimes: int
+    next_step: str  # what to do next, in words, with a command where there is one
+    journal: Path
+
+
+# -- the ends ---------------------------------------------------------------------------------
+
+
+def _ends(request: LocateRequest) -> tuple[Candidate, Candidate]:
+    """(good, bad) as candidates: commits of the clone, or releases of the recipe's package."""
+    if request.releases is not None:
+        from bisect_tool.artifacts.cache import default_cache_dir
+        from bisect_tool.artifacts.sources import pip_index_url
+        from bisect_tool.releases import fetch_listing, resolve_release_range
+
+        settings = request.recipe.artifacts
+        index = request.releases.index_url or settings.index_url or pip_index_url()
+        listing = fetch_listing(settings.package, index, default_cache_dir(settings.cache_dir))
+        resolved = resolve_release_range(
+            listing, request.good, request.bad, pre=True, yanked=True,
+            tag_format=request.recipe.range.release_tag,
+        ).range
+        by_id = {c.sha: c for c in resolved.candidates}
+        return by_id[resolved.good], by_id[resolved.bad]
+    if request.repo is None:
+        raise UsageError("bisect locate needs a clone (--repo) or --releases")
+    from bisect_tool.range import open_repo, pr_number, resolve_ref
+
+    git_repo = open_repo(request.repo)
+    with git_repo:
+        out = []
+        for ref in (request.good, request.bad):
+            sha = resolve_ref(git_repo, ref)
+            subject = str(git_repo.commit(sha).summary)
+            tags = tuple(t for t in git_repo.git.tag("--points-at", sha).split() if t)
+            out.append(Candidate(sha, subject, pr_number(subject), tags))
+    if out[0].sha == out[1].sha:
+        raise UsageError(f"--good {request.good} and --bad {request.bad} are the same commit")
+    return out[0], out[1]
+
+
+# -- the journal ------------------------------------------------------------------------------
+
+
+def _counts(contents: journal_mod.JournalContents) -> dict[Cell, CellCounts]:
+    counts: dict[Cell, CellCounts] = {cell: CellCounts() for cell in CELLS}
+    for obs in contents.observations:
+        cell = Cell.from_key(str(obs.get("cell")))
+        c = counts[cell]
+        seen = evidence(Verdict(obs["verdict"]))
+        if seen is Evidence.BUG or seen is Evidence.NO_BUG:
+            counts[cell] = CellCounts(c.divergent + (seen is Evidence.BUG), c.total + 1,
+                                      c.untestable)
+        elif seen is Evidence.CANNOT_RUN and not c.total:
+            counts[cell] = CellCounts(c.divergent, c.total, str(obs.get("message") or "?"))
+    return counts
+
+
+def _header(request: LocateRequest, good: Candidate, bad: Candidate) -> dict[str, Any]:
+    return {
+        "type": "header",
+        "version": journal_mod.JOURNAL_VERSION,
+        "mode": "locate",
+        "session": uuid.uuid4().hex[:12],
+        "repo": str(request.repo.resolve()) if request.repo else "",
+        "good_ref": request.good,
+        "bad_ref": request.bad,
+        "good": good.sha,
+        "bad": bad.sha,
+        # the two ends, as candidates (position 0: good, 1: bad), so the journal reads the same
+        "candidates": [good.to_dict(), bad.to_dict()],
+        "direction": "regression",
+        "recipe": request.recipe.to_dict(),
+        "level": "release" if request.releases is not None else "commit",
+        "lifetimes_per_cell": request.lifetimes_per_cell,
+        "python_dirs": {str(k): str(v) for k, v in request.python_dirs.items()},
+        "command": list(request.command),
+    }
+
+
+# -- the runtime ------------------------------------------------------------------------------
+
+
+@contextmanager
+def _evaluators(
+    request: LocateRequest, good: Candidate, bad: Candidate, session: str, observer: Observer
+) -> Iterator[tuple[dict[Side, Any], int, Any]]:
+    """A server evaluator per Python side (one backend each, pinned to that side's stack), the
+    slots that may run at once, and the controls runner of the good end's own pair."""
+    from bisect_tool.artifacts import make_provider
+    from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+    from bisect_tool.evaluate import ControlsRunner, ServerEvaluator
+    from bisect_tool.probes.server import ServerDeterminismProbe
+    from bisect_tool.runtime import make_backend
+    from bisect_tool.runtime.gpus import GpuPool
+    from bisect_tool.runtime.weights import resolve_weights
+
+    recipe = resolve_weights(request.recipe, progress=notes_to(observer))
+    if recipe.runtime.backend != "local":
+        raise UsageError(
+            "bisect locate boots each (Python side, compiled side) pair with the local backend; "
+            "drop --backend (containers pin one image's Python side)"
+        )
+    log_dir = request.state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tags = {good.sha: good.tags, bad.sha: bad.tags}
+    repo = request.repo if request.repo is not None else request.state_dir
+    with ExitStack() as stack:
+        provider = stack.enter_context(make_provider(
+            recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session
+        ))
+        cache = ArtifactCache(default_cache_dir(recipe.artifacts.cache_dir))
+        sides = {
+            side: _python_side(request, cache, provider, end, side)
+            for side, end in ((Side.GOOD, good), (Side.BAD, bad))
+        }
+        for side, path in sides.items():
+            observer(Note(f"{side} end's Python side: {path}"))
+        pool = GpuPool(recipe.runtime.gpus)
+        model = recipe.runtime.model or None
+
+        def probe_factory(sequential: bool) -> Any:
+            return ServerDeterminismProbe(recipe.probe, model=model, sequential=sequential)
+
+        evaluators: dict[Side, Any] = {}
+        for side, path in sides.items():
+            settings = dataclasses.replace(recipe.runtime, pinned_package_dir=str(path))
+            backend = make_backend(settings, session=session, log_dir=log_dir)
+            stack.callback(backend.close)
+            backend.cleanup_stale(session)
+            evaluator = ServerEvaluator(
+                provider, backend, probe_factory, session=session, log_dir=log_dir, tags=tags,
+                gpu_lease=pool.lease,
+            )
+            evaluator.observer = observer
+            evaluators[side] = evaluator
+        controls = ControlsRunner(
+            evaluators[Side.GOOD], good.sha, recipe.probe.invariance_env, tags,
+            attempts=recipe.probe.control_attempts,
+        )
+        yield evaluators, pool.size, controls
+
+
+def _python_side(
+    request: LocateRequest, cache: Any, provider: Any, end: Candidate, side: Side
+) -> Path:
+    """The end's package with its own swap set: the folder given, else from its release wheel
+    (release ends), else from the clone."""
+    from bisect_tool.artifacts import stacks
+
+    package = request.recipe.artifacts.package
+    given = request.python_dirs.get(side)
+    if given is not None:
+        return stacks.side_from_dir(given, package)
+    swap = provider.get(end.sha, end.tags)  # the end's own compiled files (cache first)
+    key = f"{short(end.sha)}-{request.recipe.name}"
+    found = stacks.cached_side(cache, key)
+    if found is not None:
+        return found
+    if request.releases is not None:
+        return stacks.side_from_wheel(
+            cache, key, _release_wheel(request, provider, end), swap,
+            request.recipe.artifacts.swap_set,
+        )
+    assert request.repo is not None
+    return stacks.side_from_git(cache, key, request.repo, end.sha, package, swap)
+
+
+def _release_wheel(request: LocateRequest, provider: Any, end: Candidate) -> Path:
+    """The release's whole wheel (the artifact cache keeps only its swap set)."""
+    import tempfile
+
+    from bisect_tool.artifacts.sources import ReleaseSource, pip_index_url
+
+    settings = request.recipe.artifacts
+    source = ReleaseSource(settings.index_url or pip_index_url(), settings.package,
+                           provider.downloader, provider.cache.dirs["downloads"])
+    work = Path(tempfile.mkdtemp(dir=provider.cache.dirs["tmp"]))
+    return source.fetch(end.sha, end.tags, work).path
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome:
+    """Run (or resume) the swap matrix to an answer or its budget."""
+    from bisect_tool.runtime.common import sigterm_raises
+
+    request.state_dir.mkdir(parents=True, exist_ok=True)
+    path = request.state_dir / LOCATE_JOURNAL
+    good, bad = _ends(request)
+    contents = journal_mod.read(path) if path.exists() else None
+    if contents is not None and (contents.header.get("good"), contents.header.get("bad")) != (
+        good.sha, bad.sha
+    ):
+        if contents.end is None:
+            raise UsageError(
+                f"a locate of other ends is in progress in {request.state_dir}; finish it with "
+                "the same --good/--bad, or `bisect reset`"
+            )
+        contents = None
+    if contents is None or contents.end is not None:
+        path.unlink(missing_ok=True)
+        journal_mod.create(path, _header(request, good, bad))
+        contents = journal_mod.read(path)
+    session = str(contents.header["session"])
+    confidence = request.recipe.search.confidence
+    counts = _counts(contents)
+    lifetimes = len(contents.observations)
+    # lifetime ids go on from the journal's: a resumed locate never reuses one
+    issued: dict[str, int] = {}
+    for entry in contents.of_type("observation"):
+        issued[str(entry.get("cell"))] = issued.get(str(entry.get("cell")), 0) + 1
+    with journal_mod.Journal(path) as journal, sigterm_raises(), _evaluators(
+        request, good, bad, session, observer
+    ) as (evaluators, slots, controls):
+        if request.recipe.probe.controls and not contents.of_type("controls"):
+            observer(Note("running the controls on the good end's own pair"))
+            entry = journal.append(controls.run())
+            if not entry.get("ok"):
+                journal.append({"type": "end", "state": "controls_failed",
+                                "message": str(entry.get("problem", ""))})
+                raise AbortError(
+                    f"controls failed, so a CLEAN would mean nothing: {entry.get('problem')}"
+                )
+        ends = {Side.GOOD: good, Side.BAD: bad}
+        while True:
+            finding = conclude(counts, confidence)
+            if finding.decided:
+                break
+            batch = _batch(counts, slots, request.lifetimes_per_cell)
+            if not batch:
+                break
+            work: list[tuple[Cell, str]] = []
+            for cell in batch:
+                n = issued.get(cell.key, 0)
+                issued[cell.key] = n + 1
+                work.append((cell, f"locate-{cell.python}-py-{cell.compiled}-c-{n}"))
+
+            def one(item: tuple[Cell, str]) -> tuple[Cell, Observation]:
+                cell, lid = item
+                end = ends[cell.compiled]
+                observer(LifetimeStarted(end.sha, lid))
+                seen: Observation = evaluators[cell.python].evaluate(end.sha, lid, end.tags)
+                observer(LifetimeEnded(end.sha, lid, str(seen.verdict), seen.message,
+                                       seen.duration_s, seen.detail))
+                return cell, seen
+
+            with ThreadPoolExecutor(max_workers=len(work)) as pool:
+                for fut in as_completed([pool.submit(one, item) for item in work]):
+                    cell, obs = fut.result()
+                    journal.append({
+                        "type": "observation", "cell": cell.key, "lifetime_id": obs.lifetime_id,
+                        "commit": obs.commit, "position": 0 if cell.compiled is Side.GOOD else 1,
+                        "verdict": str(obs.verdict), "detail": obs.detail,
+                        "message": obs.message, "duration_s": round(obs.duration_s, 3),
+                    })
+                    lifetimes += 1
+            counts = _counts(journal_mod.read(path))
+        finding = conclude(counts, confidence)
+        state = "done" if finding.decided else "budget_exhausted"
+        journal.append({
+            "type": "end", "state": state,
+            "message": f"{finding.explanation}: {finding.probability:.4f}",
+            "finding": {"explanation": str(finding.explanation),
+                        "probability": finding.probability,
+                        "posterior": {str(k): v for k, v in finding.posterior.items()},
+                        "decided": finding.decided,
+                        "tied": [str(t) for t in finding.tied]},
+        })
+    return LocateOutcome(finding, counts, good, bad, lifetimes,
+                         next_step(finding, request, good, bad, counts), path)
+
+
+def _batch(counts: Mapping[Cell, CellCounts], slots: int, per_cell: int) -> list[Cell]:
+    """Up to ``slots`` cells for lifetimes at once: the best next cell, then the next best of
+    the others, scored as if the earlier picks had run with no outcome yet."""
+    batch: list[Cell] = []
+    pending = dict(counts)
+    for _ in range(max(1, slots)):
+        cell = next_cell(pending, per_cell)
+        if cell is None:
+            break
+        batch.append(cell)
+        c = pending.get(cell, CellCounts())
+        # a pending lifetime fills its place in the budget (and the "each cell first" order)
+        pending[cell] = CellCounts(c.divergent, c.total + 1, c.untestable)
+    return batch
+
+
+def next_step(
+    finding: Finding,
+    request: LocateRequest,
+    good: Candidate,
+    bad: Candidate,
+    counts: Mapping[Cell, CellCounts],
+) -> str:
+    """The answer in words, and the command that follows from it."""
+    recipe = request.recipe
+    name = recipe.name if recipe.source.startswith(str(Path(__file__).parent)) else (
+        recipe.source or recipe.name)
+    good_ref = good.tags[0] if request.releases is not None and good.tags else request.good
+    bad_ref = bad.tags[0] if request.releases is not None and bad.tags else request.bad
+    words = MEANING[finding.explanation]
+    untestable = [f"{c.describe(good_ref, bad_ref)} ({counts[c].untestable})"
+                  for c in CELLS if counts.get(c, CellCounts()).untestable]
+    if finding.tied:
+        words += (" (it cannot be told apart from " + ", ".join(map(str, finding.tied))
+                  + (": " + "; ".join(untestable) + " could not run" if untestable else "")
+                  + ")")
+    if finding.explanation is Explanation.COMPILED:
+        argv = ["bisect", "start", "--good", good_ref, "--bad", bad_ref, "--recipe", name]
+        if request.releases is not None:
+            argv.insert(2, "--releases")
+        return f"{words}. Next: {shlex.join(argv)}"
+    if finding.explanation is Explanation.PYTHON:
+        return (f"{words}. Next: bisect the whole package, e.g. `bisect start --good {good_ref} "
+                f"--bad {bad_ref} --run 'pip install -e . && ./repro.sh'` in a clone, or "
+                "`bisect start --releases` with a recipe whose swap set is the Python files")
+    return words
+
+
+def _name(c: Candidate) -> str:
+    """An end as a maintainer names it: its tag (v0.26.0), else its short SHA."""
+    return c.tags[0] if c.tags else c.label
+
+
+def render(outcome: LocateOutcome) -> str:
+    """The finding as a few lines for the terminal."""
+    f, counts = outcome.finding, outcome.counts
+    good, bad = _name(outcome.good), _name(outcome.bad)
+    lines = [
+        f"locate {bad} (bad) .. {good} (good): {f.explanation} "
+        f"({f.probability:.1%}{'' if f.decided else ', below the asked confidence'})",
+        "",
+        f"{'cell':<50} {'divergent':>9} {'lifetimes':>9}",
+    ]
+    for cell in CELLS:
+        c = counts.get(cell, CellCounts())
+        what = cell.describe(good, bad)
+        status = f"untestable: {c.untestable}" if c.untestable else ""
+        lines.append(f"{what:<50} {c.divergent:>9} {c.total:>9}  {status}".rstrip())
+    lines += ["", "posterior of each explanation (p and q integrated out):"]
+    for e, prob in sorted(f.posterior.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {str(e):<12} {prob:8.4f}  {MEANING[e]}")
+    lines += ["", outcome.next_step]
+    return "\n".join(lines)
+
+
+__all__ = ["GG", "LocateOutcome", "LocateRequest", "locate", "render"]
