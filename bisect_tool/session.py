@@ -507,6 +507,11 @@ def _confirm_step(state: State) -> Step:
     if s.counts.divergent[sides.bad] and s.counts.total[sides.good] and s.done():
         return Stop(EndState.DONE, "the flip holds the asked confidence")
     which = disagreement(s, sides)
+    d_bad, t_bad = int(s.counts.divergent[sides.bad]), int(s.counts.total[sides.bad])
+    if which is None and not d_bad and t_bad >= state.settings.max_end_lifetimes:
+        # With no divergence seen anywhere, clean lifetimes cannot rule out a rare bug: after as
+        # many as the bad end gets, the confirm step stops waiting for one.
+        which = "bad"
     if which is not None:
         pos = sides.bad if which == "bad" else sides.good
         d, t = int(s.counts.divergent[pos]), int(s.counts.total[pos])

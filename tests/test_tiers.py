@@ -268,7 +268,7 @@ def test_mixture_prior_and_the_stand_in_posterior() -> None:
     # lifetimes that put the bad side clean say the stand-in is wrong there
     other = BayesianStrategy(n + 1, Direction.FIX)
     other.set_prior(prior.in_range, prior.ends)
-    for _ in range(12):
+    for _ in range(40):
         other.record(20, False)
     assert 1 - other.bad_side_probability()[20] >= DISAGREE_AT
     assert stand_in_probability(other, prior) < 0.05

@@ -50,6 +50,8 @@ from bisect_tool.probes.workload import Workload, build_workload, request_body
 from bisect_tool.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
+#: the request's intended arrival (CLOCK_MONOTONIC seconds, shared by the processes of a host)
+ARRIVAL_HEADER = "X-Bisect-Arrival"
 
 class _RepeatFailed(Exception):
     """A request failed in a way that may be transient: the repeat is invalid, not the lifetime."""
@@ -407,9 +409,10 @@ class ServerDeterminismProbe:
         delays: Sequence[float],
     ) -> list[Sample]:
         if self.sequential:
-            return [await self._send(c, url, b, 0.0) for c, b in zip(slots, bodies, strict=True)]
+            return [await self._send(c, url, b, None) for c, b in zip(slots, bodies, strict=True)]
+        start = time.monotonic()
         tasks = [
-            asyncio.create_task(self._send(c, url, body, delay))
+            asyncio.create_task(self._send(c, url, body, start + delay))
             for c, body, delay in zip(slots, bodies, delays, strict=True)
         ]
         # Every request is awaited even when one fails, so the server is idle again before the
@@ -424,16 +427,20 @@ class ServerDeterminismProbe:
         return [r for r in results if isinstance(r, Sample)]
 
     async def _send(
-        self, client: httpx.AsyncClient, url: str, body: bytes, delay: float
+        self, client: httpx.AsyncClient, url: str, body: bytes, at: float | None
     ) -> Sample:
-        if delay > 0:
-            await asyncio.sleep(delay)
+        """POST one request at ``at`` (time.monotonic(); None: now). The header says when it
+        was meant to arrive: the demo engine admits it by that time on its device clock, so a
+        late timer here or a busy HTTP thread there does not change how steps form (issue 12).
+        vLLM ignores the header."""
+        headers = {"content-type": "application/json"}
+        if at is not None:
+            wait = at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            headers[ARRIVAL_HEADER] = f"{at:.6f}"
         try:
-            resp = await client.post(
-                url + "/v1/completions",
-                content=body,
-                headers={"content-type": "application/json"},
-            )
+            resp = await client.post(url + "/v1/completions", content=body, headers=headers)
         except httpx.TimeoutException as exc:
             raise _RepeatFailed(f"request timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:

@@ -76,7 +76,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path}", "NotFoundError")
 
     def do_POST(self) -> None:  # noqa: N802 (stdlib's name)
-        arrived = time.monotonic()  # before the body is read and parsed: when it reached us
+        arrived = _arrival(self.headers.get(ARRIVAL_HEADER), time.monotonic())
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         if self.path != "/v1/completions":
@@ -99,6 +99,28 @@ class Handler(BaseHTTPRequestHandler):
             self._error(500, str(exc), "InternalServerError")
             return
         self._send(200, json.dumps(_response(done, body, created, self.server.model_name)).encode())
+
+
+#: the probe's header: when the request was meant to arrive (CLOCK_MONOTONIC, same host)
+ARRIVAL_HEADER = "X-Bisect-Arrival"
+#: how far back an intended arrival may lie: beyond this it is not this request's (another
+#: host's clock, a replayed request), and the time it reached us stands
+MAX_LATENESS_S = 2.0
+
+
+def _arrival(header: str | None, now: float) -> float:
+    """When the request arrived on the device clock: the client's intended time when it sent
+    one (a timer that woke late, or this HTTP thread waiting for a core, would otherwise move
+    it, and with it how the engine's steps form: the load would change the bug's rate), else
+    now, before the body is read and parsed."""
+    if header:
+        try:
+            intended = float(header)
+        except ValueError:
+            return now
+        if 0.0 <= now - intended <= MAX_LATENESS_S:
+            return intended
+    return now
 
 
 def _parse(body: Any, engine: LLMEngine, model_name: str, arrival: float | None = None) -> Request:
