@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from bisect_tool.demo.history import BAD_TAG, GOOD_TAG, KERNEL, PLANTED_SUBJECT, generate
+from bisect_tool.demo.history import (
+    BAD_TAG,
+    GOOD_TAG,
+    KERNEL,
+    MODEL,
+    PLANTED_SUBJECT,
+    generate,
+    split_lm_head,
+)
 from bisect_tool.demo.pinned import STACK_DIR, ensure_pinned_build, read_op_schemas, run_build
 from bisect_tool.errors import BuildFailed, UsageError
 
@@ -72,6 +80,9 @@ def test_shape_tags_merges_and_pr_numbers(history) -> None:  # type: ignore[no-u
     )
     assert len([c for c in python_only if c not in compiled]) > 50
     assert 60 < len(compiled) < 200
+    # The Python-side regression is Python-only; the kernel fix is compiled.
+    assert history.python_commit in python_only and history.python_commit not in compiled
+    assert history.planted_commit in compiled
 
 
 def test_exactly_one_commit_pins_the_block_size(history) -> None:  # type: ignore[no-untyped-def]
@@ -101,8 +112,26 @@ def test_old_end_is_the_pinned_stack(history) -> None:  # type: ignore[no-untype
         "csrc/batch_invariant.h",
         "setup.py",
         "CMakeLists.txt",
+        MODEL,  # the stack ships without the Python-side regression
     ):
         assert git(history.repo, "show", f"{BAD_TAG}:{name}") == (STACK_DIR / name).read_text()
+
+
+def test_new_end_has_the_python_side_regression(history) -> None:  # type: ignore[no-untyped-def]
+    # v0.27.0's model.py is the stack's with exactly the planted edit (no other commit touches
+    # it), and that edit is the generator's, PR number and all.
+    text = git(history.repo, "show", f"{GOOD_TAG}:{MODEL}")
+    subject = git(history.repo, "log", "-1", "--format=%s", history.python_commit)
+    pr = int(re.findall(r"#(\d+)", subject)[-1])
+    shipped = (STACK_DIR / MODEL).read_text()
+    assert text == split_lm_head(shipped, pr) != shipped
+    touching = git(history.repo, "log", "--format=%H", f"{BAD_TAG}..{GOOD_TAG}", "--", MODEL)
+    assert touching.split() == [history.python_commit]
+
+
+def test_the_python_change_asserts_its_anchors() -> None:
+    with pytest.raises(AssertionError, match="anchor"):
+        split_lm_head("SPLIT_K_BELOW = 64\n", 47001)
 
 
 def test_build_command_works_on_both_tags(history, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -148,8 +177,10 @@ def test_deterministic_for_a_seed(history, tmp_path: Path) -> None:  # type: ign
     again = generate(tmp_path / "again", seed=0, commits=300)
     assert again.first_parent == history.first_parent
     assert again.planted_commit == history.planted_commit
+    assert again.python_commit == history.python_commit
     other = generate(tmp_path / "other", seed=1, commits=300)
     assert other.planted_commit != history.planted_commit
+    assert other.python_commit != history.python_commit
 
 
 def test_refuses_a_non_empty_directory_and_tiny_histories(tmp_path: Path) -> None:

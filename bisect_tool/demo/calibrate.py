@@ -8,7 +8,14 @@ Wilson interval, per load:
 
 - ``bug`` (default): the pinned v0.26.0 kernels, switch on: the rate the search sees pre-fix;
 - ``positive``: the v0.27.0 kernels with the switch off: the positive control;
-- ``fixed``: the v0.27.0 kernels, switch on: must never diverge.
+- ``fixed``: the v0.27.0 kernels, switch on: must never diverge;
+- ``positive-old``: the v0.26.0 sources with the switch off: ``demo-python``'s positive control
+  (its good end is v0.26.0).
+
+Every file of the recipe's swap set comes from that end's sources: with ``--recipe demo-python``
+(which swaps ``demollm/model.py`` too) ``fixed`` runs v0.27.0's model with its Python-side
+regression, and must then diverge, while ``bug`` (v0.26.0's sources, the pinned stack's own) must
+never; with ``demo`` (the kernel alone) every target runs the pinned stack's model.
 
 "loaded" runs the same lifetimes while a bounded CPU burner (one spinning process per core,
 started and stopped here, each ending by itself after ``--burn-max-s``) keeps every core busy.
@@ -27,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +48,7 @@ from bisect_tool.probes.metrics import STEP_TOKENS, MetricsFormatError, parse
 from bisect_tool.values import Verdict
 
 _PORT = re.compile(r"Starting vLLM API server 0 on http://127\.0\.0\.1:(\d+)")
-TARGETS = ("bug", "positive", "fixed")
+TARGETS = ("bug", "positive", "fixed", "positive-old")
 LOADS = ("quiet", "loaded")
 
 
@@ -134,8 +141,15 @@ def cpu_burner(workers: int | None = None, max_s: float = 900.0) -> Iterator[int
 
 
 @contextmanager
-def demo_server(kernels: Path, env: dict[str, str], args: Sequence[str] = ()) -> Iterator[str]:
-    """A fresh demollm process on loopback using ``kernels`` as its ``_kernels.so``."""
+def demo_server(
+    kernels: Path,
+    env: dict[str, str],
+    args: Sequence[str] = (),
+    swap: Mapping[str, Path] | None = None,
+) -> Iterator[str]:
+    """A fresh demollm process on loopback using ``kernels`` as its ``_kernels.so``, and each
+    file of ``swap`` (stack-relative path -> file, e.g. ``demollm/model.py``) in place of the
+    pinned stack's."""
     with tempfile.TemporaryDirectory(prefix="demollm-lifetime-") as tmp:
         root = Path(tmp)
         shutil.copytree(
@@ -144,6 +158,8 @@ def demo_server(kernels: Path, env: dict[str, str], args: Sequence[str] = ()) ->
             ignore=shutil.ignore_patterns("__pycache__", "_kernels.so*"),
         )
         shutil.copyfile(kernels, root / SWAP_PATH)
+        for rel, path in (swap or {}).items():
+            shutil.copyfile(path, root / rel)
         log = (root / "server.log").open("w+")
         proc = subprocess.Popen(
             [sys.executable, "-m", "demollm.server", "--host", "127.0.0.1", "--port", "0", *args],
@@ -174,14 +190,18 @@ def demo_server(kernels: Path, env: dict[str, str], args: Sequence[str] = ()) ->
 
 
 def run_lifetime(
-    kernels: Path, r: recipe_mod.Recipe, env: dict[str, str], lifetime_id: str = "calibrate"
+    kernels: Path,
+    r: recipe_mod.Recipe,
+    env: dict[str, str],
+    lifetime_id: str = "calibrate",
+    swap: Mapping[str, Path] | None = None,
 ) -> LifetimeResult:
     """One lifetime, probed by the real server probe with the recipe's settings."""
     from bisect_tool.probes.server import ServerDeterminismProbe
 
     started = time.perf_counter()
     probe = ServerDeterminismProbe(r.probe, model=r.runtime.model or None)
-    with demo_server(kernels, env, r.runtime.server_args) as url:
+    with demo_server(kernels, env, r.runtime.server_args, swap) as url:
         result = probe.run(ServerHandle(url, lifetime_id, Path(os.devnull)))
     peaks = [p for p in result.detail.get("coresidency_per_repeat") or [] if p is not None]
     return LifetimeResult(
@@ -202,25 +222,41 @@ def _steps_over_255(page: str) -> int:
     return -1 if steps is None or small is None else int(steps.count - small)
 
 
-def fixed_kernels(workdir: Path) -> Path:
-    """``_kernels.so`` built from the generated history's good end (v0.27.0)."""
+def fixed_tree(workdir: Path) -> Path:
+    """A worktree of the generated history's v0.27.0 with its ``_kernels.so`` built."""
     history = generate(workdir / "repo", commits=60)  # the smallest history allowed
     tree = workdir / "tree"
     subprocess.run(
         ["git", "-C", str(history.repo), "worktree", "add", "-q", str(tree), history.good_tag],
         check=True,
     )
-    return run_build(tree)
+    run_build(tree)
+    return tree
 
 
-def target_setup(target: str, r: recipe_mod.Recipe, workdir: Path) -> tuple[Path, dict[str, str]]:
-    """The kernels and environment of one target (see the module docstring)."""
+def fixed_kernels(workdir: Path) -> Path:
+    """``_kernels.so`` built from the generated history's good end (v0.27.0)."""
+    return fixed_tree(workdir) / SWAP_PATH
+
+
+@dataclass(frozen=True)
+class TargetSetup:
+    kernels: Path
+    env: dict[str, str]
+    swap: dict[str, Path]  # the swap set's other files (stack-relative path -> file)
+
+
+def target_setup(target: str, r: recipe_mod.Recipe, workdir: Path) -> TargetSetup:
+    """The sources and environment of one target (see the module docstring)."""
     env = dict(r.runtime.env)
-    if target == "bug":
-        return ensure_pinned_build(), env
-    if target == "positive":
+    if target in ("positive", "positive-old"):
         env[r.probe.invariance_env] = "0"  # what ControlsRunner does
-    return fixed_kernels(workdir), env
+    if target in ("bug", "positive-old"):
+        # The pinned stack is v0.26.0's sources: its own files are that end's swap set.
+        return TargetSetup(ensure_pinned_build(), env, {})
+    tree = fixed_tree(workdir)
+    others = {rel: tree / rel for rel in r.artifacts.swap_set if rel != SWAP_PATH}
+    return TargetSetup(tree / SWAP_PATH, env, others)
 
 
 def measure(
@@ -232,12 +268,14 @@ def measure(
     progress: Callable[[str], None] = lambda _m: None,
     burn_max_s: float = 900.0,
 ) -> Measurement:
-    kernels, env = target_setup(target, r, workdir)
+    setup = target_setup(target, r, workdir)
     results: list[LifetimeResult] = []
 
     def run_all() -> None:
         for n in range(lifetimes):
-            res = run_lifetime(kernels, r, env, f"calibrate-{target}-{load}-{n}")
+            res = run_lifetime(
+                setup.kernels, r, setup.env, f"calibrate-{target}-{load}-{n}", setup.swap
+            )
             results.append(res)
             progress(
                 f"{target} {load} lifetime {n}: {res.verdict.value} min co-residency "

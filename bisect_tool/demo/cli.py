@@ -199,10 +199,16 @@ def _write_report(journal_path: Path, out: Path) -> tuple[Path, Path | None, str
     return report.resolve(), (plot.resolve() if plot.exists() else None), markdown
 
 
-def write_recipe(path: Path, cache_dir: Path, *, image: str = "") -> Path:
-    """Write the demo recipe, completed for this machine, to ``path``; validated.
+#: The bundled recipes of the demo history that write_recipe completes: ``demo`` bisects the
+#: compiled-side fix, ``demo-python`` the Python-side regression (recipes/*.toml say how).
+DEMO_RECIPES = ("demo", "demo-python")
 
-    The bundled demo recipe leaves the pinned stack's location and the cache to run time: they
+
+def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "demo") -> Path:
+    """Write the bundled demo recipe ``name`` (one of ``DEMO_RECIPES``), completed for this
+    machine, to ``path``; validated.
+
+    The bundled demo recipes leave the pinned stack's location and the cache to run time: they
     depend on where bisect-tool is installed and on the work dir. With ``image`` lifetimes run
     in containers of that image (``[runtime] backend = "docker"``). Candidates are still built
     on the host (``build_executor = "host"``): the host and the base image are both Debian
@@ -212,7 +218,9 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "") -> Path:
     from bisect_tool import recipe as recipe_mod
     from bisect_tool.demo import pinned
 
-    text = recipe_mod.find("demo").read_text()
+    if name not in DEMO_RECIPES:
+        raise UsageError(f"no demo recipe {name!r}; the demo has {', '.join(DEMO_RECIPES)}")
+    text = recipe_mod.find(name).read_text()
     text = re.sub(
         r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text
     )
@@ -222,7 +230,7 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "") -> Path:
             r'(?m)^backend = "local"', f'backend = "docker"\nimage = "{image}"', text, count=1
         )
         if n != 1:
-            raise UsageError("the bundled demo recipe has no [runtime] backend line to switch")
+            raise UsageError(f"the bundled {name} recipe has no [runtime] backend line to switch")
         # The recipe's "GPU" ids only bound how many local lifetimes run at once; Docker would
         # ask its (absent) GPU driver for them. Containers run one lifetime at a time.
         text = re.sub(r"(?m)^gpus = .*$", "gpus = []", text)

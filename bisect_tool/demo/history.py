@@ -36,6 +36,34 @@ _FIXED_BLOCK = (
     "  int max_block_size = vllm_is_batch_invariant() ? 1024 : ((num_tokens < 256) ? 1024 : 256);\n"
 )
 _NOTES_ANCHOR = '#include "batch_invariant.h"\n'
+
+# The planted Python-side regression, a text edit of the stack's model.py (anchors asserted).
+MODEL = "demollm/model.py"
+LM_HEAD_SPLIT_ROWS = 32
+PYTHON_SUBJECT = "[Perf] Split the LM head's reduction for large decode batches (#{pr})"
+_SPLIT_K_ANCHOR = "SPLIT_K_BELOW = 64\n"
+_SPLIT_ROWS_BLOCK = """
+# Decode batches of at least this many requests reduce the LM head in two halves of the hidden
+# dimension: each half of the weight stays in cache across the batch's rows (#{pr}).
+LM_HEAD_SPLIT_ROWS = {rows}
+"""
+_LOGITS_ANCHOR = """\
+        out = []
+        for end in bounds[1:]:
+            logits = np.dot(h[end - 1], self.lm_head)
+"""
+_SPLIT_LOGITS = """\
+        out = []
+        split = len(segments) >= LM_HEAD_SPLIT_ROWS  # large decode batches (#{pr})
+        k = self.config.hidden_size // 2
+        for end in bounds[1:]:
+            if split:
+                logits = np.dot(h[end - 1, :k], self.lm_head[:k]) + np.dot(
+                    h[end - 1, k:], self.lm_head[k:]
+                )
+            else:
+                logits = np.dot(h[end - 1], self.lm_head)
+"""
 _SYNTAX_OK = "  return total;\n}\n"
 _SYNTAX_BROKEN = "  return total\n}\n"
 _REV_PREFIX = "#define DEMOLLM_KERNELS_REV "
@@ -100,6 +128,9 @@ _STACK_FILES = ("CMakeLists.txt", "setup.py", "csrc/batch_invariant.h", KERNEL)
 class DemoHistory:
     repo: Path
     planted_commit: str  # full SHA of the fix (the flip commit when bisecting good=v0.27.0)
+    # full SHA of the Python-side regression (the flip commit when bisecting good=v0.26.0 with
+    # recipes/demo-python.toml); it touches only demollm/model.py
+    python_commit: str
     good_tag: str
     bad_tag: str
     build_command: str  # run in a worktree's root; writes the swap set
@@ -217,6 +248,19 @@ def _kernel_note(tree: dict[str, str], pr: int, rng: random.Random) -> None:
     )
 
 
+def split_lm_head(model_text: str, pr: int) -> str:
+    """``model.py`` with the planted Python-side regression (PR ``pr``): from
+    ``LM_HEAD_SPLIT_ROWS`` segments in a step on, each segment's logits are the sum of two
+    half-width products, rounded differently from the one full product below that size."""
+    for anchor in (_SPLIT_K_ANCHOR, _LOGITS_ANCHOR):
+        assert model_text.count(anchor) == 1, f"model.py lost its anchor {anchor.strip()!r}"
+    text = model_text.replace(
+        _SPLIT_K_ANCHOR,
+        _SPLIT_K_ANCHOR + _SPLIT_ROWS_BLOCK.format(pr=pr, rows=LM_HEAD_SPLIT_ROWS),
+    )
+    return text.replace(_LOGITS_ANCHOR, _SPLIT_LOGITS.format(pr=pr))
+
+
 def _python_change(tree: dict[str, str], pr: int, rng: random.Random) -> str:
     path = rng.choice(_PY_FILES)
     _append(tree, path, f"\n\ndef _pr_{pr}_enabled() -> bool:\n    return {rng.random() < 0.5}\n")
@@ -249,6 +293,10 @@ def generate(path: Path, *, seed: int = 0, commits: int = 300) -> DemoHistory:
         i for i in choices if abs(i - syntax_at) > syntax_len + 6 and abs(i - planted_at) > 12
     ]
     missing_at = rng.choice(choices)
+    # The Python-side regression keeps clear of the kernel fix and of every commit that does
+    # not build (and of their neighbours), so a bisect for it never ends on an untestable block.
+    taken = {planted_at, missing_at, missing_at + 1, *range(syntax_at, syntax_at + syntax_len + 1)}
+    python_at = rng.choice([i for i in range(lo, hi) if all(abs(i - t) > 3 for t in taken)])
 
     # PR numbers rise about 8.5 per commit, centred so that the fix's own number falls in place.
     b.pr = PLANTED_PR - int(planted_at * 8.5) - 20
@@ -256,7 +304,7 @@ def generate(path: Path, *, seed: int = 0, commits: int = 300) -> DemoHistory:
     head = b.commit("refs/heads/main", "Initial import of demollm", tree, None)
     first_parent = [head]
     broken_marks: list[int] = []
-    planted_mark = 0
+    planted_mark = python_mark = 0
     index = 1
     syntax_open = False
     while b.objects < commits:
@@ -281,6 +329,11 @@ def generate(path: Path, *, seed: int = 0, commits: int = 300) -> DemoHistory:
             _bump_rev(tree)
             _append(tree, "docs/features/batch_invariance.md", "\nRMSNorm pins its block size.\n")
             head = planted_mark = b.commit("refs/heads/main", PLANTED_SUBJECT, tree, head)
+        elif index == python_at:
+            tree[MODEL] = split_lm_head(tree[MODEL], pr)
+            head = python_mark = b.commit(
+                "refs/heads/main", PYTHON_SUBJECT.format(pr=pr), tree, head
+            )
         elif index == syntax_at:
             tree[KERNEL] = tree[KERNEL].replace(_SYNTAX_OK, _SYNTAX_BROKEN, 1)
             _bump_rev(tree)
@@ -322,8 +375,9 @@ def generate(path: Path, *, seed: int = 0, commits: int = 300) -> DemoHistory:
         first_parent.append(head)
         index += 1
     assert planted_mark, "the planted commit must be in the history"
+    assert python_mark, "the Python-side regression must be in the history"
 
-    return _write(path, b, planted_mark, broken_marks, first_parent)
+    return _write(path, b, planted_mark, python_mark, broken_marks, first_parent)
 
 
 def _ordinary(
@@ -393,7 +447,12 @@ def _git(repo: Path, *args: str, data: bytes | None = None) -> str:
 
 
 def _write(
-    path: Path, b: _Builder, planted: int, broken: list[int], first_parent: list[int]
+    path: Path,
+    b: _Builder,
+    planted: int,
+    python: int,
+    broken: list[int],
+    first_parent: list[int],
 ) -> DemoHistory:
     path.mkdir(parents=True, exist_ok=True)
     _git(path, "init", "-q", "-b", "main")
@@ -410,6 +469,7 @@ def _write(
     return DemoHistory(
         repo=path,
         planted_commit=full(planted),
+        python_commit=full(python),
         good_tag=GOOD_TAG,
         bad_tag=BAD_TAG,
         build_command=BUILD_COMMAND,
