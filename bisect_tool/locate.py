@@ -165,7 +165,7 @@ def _evaluators(
     from bisect_tool.runtime.gpus import GpuPool
     from bisect_tool.runtime.weights import resolve_weights
 
-    recipe = resolve_weights(request.recipe, progress=notes_to(observer))
+    recipe = compiled_only(resolve_weights(request.recipe, progress=notes_to(observer)))
     if recipe.runtime.backend != "local":
         raise UsageError(
             "bisect locate boots each (Python side, compiled side) pair with the local backend; "
@@ -211,6 +211,21 @@ def _evaluators(
         yield evaluators, pool.size, controls
 
 
+def compiled_only(recipe: Recipe) -> Recipe:
+    """The recipe with its swap set cut to the compiled files: in a cell they are the compiled
+    side; a Python file a recipe swaps too (demo-python swaps demollm/model.py) belongs to the
+    Python side, which is the end's whole package."""
+    from bisect_tool.runtime.schemas import is_extension
+
+    compiled = tuple(p for p in recipe.artifacts.swap_set if is_extension(p))
+    if not compiled:
+        raise UsageError(
+            f"recipe {recipe.name!r} swaps no compiled file "
+            f"({', '.join(recipe.artifacts.swap_set)}): there is no compiled side to locate"
+        )
+    return recipe.override("artifacts", swap_set=compiled)
+
+
 def _python_side(
     request: LocateRequest, cache: Any, provider: Any, end: Candidate, side: Side
 ) -> Path:
@@ -230,7 +245,7 @@ def _python_side(
     if request.releases is not None:
         return stacks.side_from_wheel(
             cache, key, _release_wheel(request, provider, end), swap,
-            request.recipe.artifacts.swap_set,
+            compiled_only(request.recipe).artifacts.swap_set,
         )
     assert request.repo is not None
     return stacks.side_from_git(cache, key, request.repo, end.sha, package, swap)
@@ -384,9 +399,16 @@ def next_step(
             argv.insert(2, "--releases")
         return f"{words}. Next: {shlex.join(argv)}"
     if finding.explanation is Explanation.PYTHON:
+        from bisect_tool.runtime.schemas import is_extension
+
+        python_files = [p for p in recipe.artifacts.swap_set if not is_extension(p)]
+        if python_files:  # this recipe swaps the Python files that matter too
+            argv = ["bisect", "start", "--good", good_ref, "--bad", bad_ref, "--recipe", name]
+            return (f"{words}. Next (the recipe swaps {', '.join(python_files)} too): "
+                    f"{shlex.join(argv)}")
         return (f"{words}. Next: bisect the whole package, e.g. `bisect start --good {good_ref} "
-                f"--bad {bad_ref} --run 'pip install -e . && ./repro.sh'` in a clone, or "
-                "`bisect start --releases` with a recipe whose swap set is the Python files")
+                f"--bad {bad_ref} --run 'pip install -e . && ./repro.sh'` in a clone, or a "
+                "recipe whose swap set holds the Python files that changed")
     return words
 
 

@@ -126,3 +126,27 @@ def test_locate_on_the_demo_history_says_compiled_side(tmp_path: Path) -> None:
     )
     assert code == 0, err
     assert "compiled" in out.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_locate_on_the_python_side_regression_says_python_side(tmp_path: Path) -> None:
+    """The same history's second planted change lives in demollm/model.py (recipe
+    demo-python): locate must tell it from the kernel fix."""
+    from bisect_tool.demo import pinned
+    from bisect_tool.demo.cli import write_recipe
+    from bisect_tool.demo.history import generate
+
+    pinned.ensure_pinned_build()
+    history = generate(tmp_path / "repo", commits=80)
+    recipe = write_recipe(tmp_path / "demo-python.toml", tmp_path / "cache", name="demo-python")
+    code, out, err = run_cli(
+        "locate", "--good", "v0.26.0", "--bad", "v0.27.0", "--recipe", str(recipe),
+        "--repo", str(history.repo), "--state-dir", str(tmp_path / "state"), "--json", "-q",
+    )
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["explanation"] == "python" and found["probability"] >= 0.99
+    cells = found["cells"]
+    assert cells["python=bad,compiled=good"]["divergent"] > 0  # v0.27.0's model.py: the bug
+    assert cells["python=good,compiled=bad"]["divergent"] == 0  # v0.27.0's kernel: nothing
+    assert "bisect start --good v0.26.0 --bad v0.27.0 --recipe" in found["next"]
