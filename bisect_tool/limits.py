@@ -68,7 +68,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "max_jobs": AT_LEAST_1,
         "cache_max_bytes": AT_LEAST_0,
     },
-    "runtime": {"boot_timeout_s": POSITIVE},
+    "runtime": {"boot_timeout_s": POSITIVE, "lifetimes_per_gpu": AT_LEAST_1},
     "probe": {
         "requests": AT_LEAST_1,
         "fillers": AT_LEAST_0,

@@ -186,7 +186,7 @@ def _evaluators(
         }
         for side, path in sides.items():
             observer(Note(f"{side} end's Python side: {path}"))
-        pool = GpuPool(recipe.runtime.gpus)
+        pool = GpuPool(recipe.runtime.gpus, per_gpu=recipe.runtime.lifetimes_per_gpu)
         model = recipe.runtime.model or None
 
         def probe_factory(sequential: bool) -> Any:

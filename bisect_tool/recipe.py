@@ -68,6 +68,9 @@ class RuntimeSettings:
     model_cache: str = ""  # mounted read-only into containers
     weights: str = ""  # "random:CONFIG" makes a random checkpoint; a dir uses it; "" = server args
     gpus: tuple[str, ...] = ()
+    # lifetimes that may share one GPU at once (each server then needs its own share of the
+    # memory: --gpu-memory-utilization in server_args)
+    lifetimes_per_gpu: int = 1
     shm_size: str = "8g"
     # docker: how a container gets its GPU: "toolkit" (a device request; needs the NVIDIA
     # container toolkit), "devices" (the /dev/nvidia* nodes and the driver libraries found on

@@ -192,7 +192,7 @@ def open_evaluator(
         backend = make_backend(recipe.runtime, session=session_id, log_dir=log_dir)
         try:
             backend.cleanup_stale(session_id)
-            pool = GpuPool(recipe.runtime.gpus)
+            pool = GpuPool(recipe.runtime.gpus, per_gpu=recipe.runtime.lifetimes_per_gpu)
             model = recipe.runtime.model or None
 
             def probe_factory(sequential: bool) -> ServerProbe:

@@ -131,7 +131,8 @@ def test_releases_with_a_clone_go_on_to_its_commits(
 
     monkeypatch.setenv("PIP_INDEX_URL", demollm_index.index_url)
     history = generate(tmp_path / "repo", commits=80)
-    recipe = release_recipe(tmp_path, tmp_path / "cache")
+    # tiered (the op check narrows first) at both levels
+    recipe = release_recipe(tmp_path, tmp_path / "cache", narrow=True)
     state = tmp_path / "state"
     code, out, err = run_cli(
         "start", "--releases", "--good", "0.27.0", "--bad", "0.26.0", "--recipe", str(recipe),
@@ -148,8 +149,34 @@ def test_releases_with_a_clone_go_on_to_its_commits(
     release_lifetimes = [o for o in released.observations
                          if o["commit"] in ("demollm-0.26.0", "demollm-0.27.0")]
     assert len(carried) == len(release_lifetimes)
+    # both levels narrowed with the op check; the tiers of the carried runs are kept
+    assert [p["phase"] for p in released.of_type("phase")][0] == "confirm"
+    assert {o.get("tier", "faithful") for o in carried} <= {"narrow", "faithful"}
     shas = {c["sha"] for c in commits.header["candidates"]}
     assert {o["commit"] for o in carried} <= shas
     code, report, err = run_cli("report", "--state-dir", str(state), "--format", "json")
     assert code == 0, err
     assert json.loads(report)["previous"]["flip_label"] == "demollm-0.27.0"
+
+
+def test_locate_over_releases_takes_python_sides_from_the_wheels(
+    tmp_path: Path, demollm_index: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bisect locate --releases`: each end's Python side is its wheel minus the swap set, with
+    its own extension; the fix lives in the compiled side."""
+    monkeypatch.setenv("PIP_INDEX_URL", demollm_index.index_url)
+    recipe = release_recipe(tmp_path, tmp_path / "cache")
+    state = tmp_path / "state"
+    code, out, err = run_cli(
+        "locate", "--releases", "--good", "0.27.0", "--bad", "0.26.0", "--recipe", str(recipe),
+        "--state-dir", str(state), "--json", "-q",
+    )
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["explanation"] == "compiled" and found["decided"]
+    assert "bisect start --releases --good v0.27.0 --bad v0.26.0" in found["next"]
+    stacks = sorted(p.name for p in (tmp_path / "cache" / "stacks").iterdir())
+    assert stacks == ["demollm-0.26.0-demo", "demollm-0.27.0-demo"]
+    for name in stacks:
+        assert (tmp_path / "cache" / "stacks" / name / "demollm" / "_kernels.so").is_file()
+        assert (tmp_path / "cache" / "stacks" / name / "demollm" / "server.py").is_file()

@@ -17,7 +17,7 @@ from bisect_tool.errors import UsageError
 class GpuPool:
     """Thread-safe: ``with pool.lease() as gpu:`` blocks until a device (or slot) is free."""
 
-    def __init__(self, gpus: Sequence[str] = (), *, slots: int = 1) -> None:
+    def __init__(self, gpus: Sequence[str] = (), *, slots: int = 1, per_gpu: int = 1) -> None:
         ids = [str(g).strip() for g in gpus]
         if any(not g for g in ids):
             raise UsageError("empty GPU id in the GPU list; give ids like 0,1")
@@ -25,7 +25,13 @@ class GpuPool:
             raise UsageError(f"GPU listed twice in {','.join(ids)}; give each GPU once")
         if not ids and slots < 1:
             raise UsageError("at least one lifetime slot is needed; give --parallel 1 or more")
-        self._items: list[str | None] = list(ids) if ids else [None] * slots
+        if per_gpu < 1:
+            raise UsageError("[runtime] lifetimes_per_gpu must be 1 or more")
+        # Several lifetimes may share a GPU that holds them all (a small model on an H200:
+        # give each server its share with --gpu-memory-utilization).
+        self._items: list[str | None] = (
+            [g for g in ids for _ in range(per_gpu)] if ids else [None] * slots
+        )
         self._free: queue.Queue[str | None] = queue.Queue()
         for item in self._items:
             self._free.put(item)
