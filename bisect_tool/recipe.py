@@ -68,6 +68,11 @@ class RuntimeSettings:
     model_cache: str = ""  # mounted read-only into containers
     weights: str = ""  # "random:CONFIG" makes a random checkpoint; a dir uses it; "" = server args
     gpus: tuple[str, ...] = ()
+    # The compatibility gate compares these ops only ("_C::rms_norm" or "rms_norm"; empty: every
+    # op the pinned extension registers). For a crossing of two releases (`bisect locate`),
+    # where the newer Python registers ops the older extension lacks but this workload never
+    # calls; an op the workload does call and the gate skipped fails its lifetime instead.
+    gate_ops: tuple[str, ...] = ()
     # lifetimes that may share one GPU at once (each server then needs its own share of the
     # memory: --gpu-memory-utilization in server_args)
     lifetimes_per_gpu: int = 1

@@ -224,3 +224,24 @@ def test_gate_accepts_a_trailing_argument_with_a_default_but_not_a_required_one(
         f"op {op} changed: pinned '{pinned[op]}' vs candidate '{required[op]}'"
     ]
     assert len(compare_schemas(pinned, changed_return)) == 1
+
+
+def test_the_gate_can_be_limited_to_the_ops_the_workload_calls() -> None:
+    """[runtime] gate_ops: a crossing whose newer Python registers ops the older extension
+    lacks (vLLM 0.27.0's Python with 0.26.0's _C) is judged on the ops that matter only."""
+    from bisect_tool.errors import IncompatibleExtension
+    from bisect_tool.interfaces import SwapSet
+    from bisect_tool.runtime import schemas
+
+    pinned = {"_C::rms_norm": "_C::rms_norm(Tensor! a) -> ()",
+              "_C::relu_squared": "_C::relu_squared(Tensor! out, Tensor input) -> ()"}
+    candidate = {"_C::rms_norm": "_C::rms_norm(Tensor! a) -> ()"}
+    swap = SwapSet("c" * 40, {})
+    with pytest.raises(IncompatibleExtension, match="lacks op _C::relu_squared"):
+        schemas.check_extensions(swap, ["x.so"], lambda _r: pinned, lambda _r: candidate)
+    schemas.check_extensions(swap, ["x.so"], lambda _r: pinned, lambda _r: candidate,
+                             ["rms_norm"])
+    changed = {"_C::rms_norm": "_C::rms_norm(Tensor a) -> ()"}
+    with pytest.raises(IncompatibleExtension, match="op _C::rms_norm changed"):
+        schemas.check_extensions(swap, ["x.so"], lambda _r: pinned, lambda _r: changed,
+                                 ["_C::rms_norm"])

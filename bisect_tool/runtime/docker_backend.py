@@ -429,7 +429,8 @@ class DockerBackend:
             return self._dump(targets[rel], what=what, mounts=[mount])
 
         schemas.check_extensions(
-            swap, exts, lambda rel: self._pinned_dump(targets[rel]), candidate_for
+            swap, exts, lambda rel: self._pinned_dump(targets[rel]), candidate_for,
+            self.settings.gate_ops,
         )
         self._checked.add(key)
 

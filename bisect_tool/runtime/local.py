@@ -287,7 +287,9 @@ class LocalBackend:
                     what = f"candidate {short(swap.commit)} {rel}"
                     return schemas.dump_local(self.settings.python, str(root / rel), what=what)
 
-                schemas.check_extensions(swap, exts, self._pinned_dump, candidate_for)
+                schemas.check_extensions(
+                    swap, exts, self._pinned_dump, candidate_for, self.settings.gate_ops
+                )
         self._checked.add(key)
 
     def _pinned_dump(self, rel: str) -> dict[str, str] | None:

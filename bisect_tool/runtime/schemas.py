@@ -208,19 +208,32 @@ def gate_key(swap: SwapSet) -> tuple[str, tuple[tuple[str, str], ...]]:
     return swap.commit, tuple(sorted((k, str(v)) for k, v in swap.files.items()))
 
 
+def only_ops(schemas: Mapping[str, str], ops: Sequence[str]) -> dict[str, str]:
+    """The schemas of ``ops`` (``_C::rms_norm`` or plain ``rms_norm``); all when none given."""
+    if not ops:
+        return dict(schemas)
+    wanted = set(ops)
+    return {k: v for k, v in schemas.items() if k in wanted or k.split("::")[-1] in wanted}
+
+
 def check_extensions(
     swap: SwapSet,
     exts: Sequence[str],
     pinned_for: Callable[[str], dict[str, str] | None],
     candidate_for: Callable[[str], dict[str, str] | None],
+    ops: Sequence[str] = (),
 ) -> None:
     """The compatibility gate every backend shares: each swapped extension's op schemas against
     the pinned stack's (``IncompatibleExtension`` names the op). ``pinned_for(rel)`` and
-    ``candidate_for(rel)`` dump the schemas where the backend runs the pinned stack."""
+    ``candidate_for(rel)`` dump the schemas where the backend runs the pinned stack. ``ops``
+    ([runtime] gate_ops): only those are compared, the ops the recipe's workload calls; an op
+    outside them that the pinned Python does call fails the lifetime instead (UNTESTABLE, with
+    the server's log)."""
     for rel in exts:
         pinned = pinned_for(rel)
         if pinned is None:
             continue  # a file the pinned stack lacks: nothing pinned calls into it
+        pinned = only_ops(pinned, ops)
         candidate = candidate_for(rel)
         if candidate is None:
             raise IncompatibleExtension(
