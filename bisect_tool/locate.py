@@ -122,7 +122,14 @@ def _counts(contents: journal_mod.JournalContents) -> dict[Cell, CellCounts]:
             counts[cell] = CellCounts(c.divergent + (seen is Evidence.BUG), c.total + 1,
                                       c.untestable)
         elif seen is Evidence.CANNOT_RUN and not c.total:
-            counts[cell] = CellCounts(c.divergent, c.total, str(obs.get("message") or "?"))
+            # the first line says what failed, the last of a log tail why (the whole tail
+            # stays in the journal)
+            lines = [x.strip() for x in str(obs.get("message") or "?").splitlines() if x.strip()]
+            why = lines[0] if lines else "?"
+            if len(lines) > 1 and "log tail" in why:
+                why = f"{why.split('; log tail')[0]}: {lines[-1]}"
+            why = why[:300]
+            counts[cell] = CellCounts(c.divergent, c.total, why)
     return counts
 
 

@@ -44,6 +44,8 @@ from bisect_tool.verdict import (
 #: an UNTESTABLE lifetime's stage (its detail's ``stage``) that makes the candidate untestable
 #: for both tiers: the artifact itself is missing or does not build
 SHARED_STAGES = ("artifacts",)
+#: boots of a candidate that may fail in a row before it is untestable
+BOOT_TRIES = 2
 
 
 def header_for(
@@ -120,6 +122,7 @@ class State:
         default_factory=lambda: {Tier.NARROW: 0, Tier.FAITHFUL: 0}
     )
     _fetched: set[int] = dataclasses.field(default_factory=set)
+    boot_failures: dict[tuple[Tier, int], int] = dataclasses.field(default_factory=dict)
 
     @property
     def direction(self) -> Direction:
@@ -169,6 +172,17 @@ class State:
         detail: dict[str, Any] = raw if isinstance(raw, dict) else {}
         self._time(tier, pos, entry, detail)
         seen = evidence(verdict)
+        if seen is Evidence.CANNOT_RUN and detail.get("stage") == "boot":
+            # A server that died before /health may be the candidate's fault or the machine's
+            # (seen on the H200: two vLLM servers profiling one GPU at once left one with
+            # "Available KV cache memory: -0.67 GiB"): the first such failure is no evidence,
+            # the second in a row makes the candidate untestable.
+            failures = self.boot_failures.get((tier, pos), 0) + 1
+            self.boot_failures[(tier, pos)] = failures
+            if failures < BOOT_TRIES:
+                seen = Evidence.NOTHING
+        elif seen is not Evidence.CANNOT_RUN:
+            self.boot_failures.pop((tier, pos), None)
         if seen is not Evidence.CANNOT_RUN or detail.get("stage") not in SHARED_STAGES:
             # its artifacts are at hand: the other tier switches to it for free
             for other in (self.strategy, self.narrow):

@@ -107,6 +107,7 @@ def test_locate_on_the_demo_history_says_compiled_side(tmp_path: Path) -> None:
     code, out, err = run_cli(
         "locate", "--good", "v0.27.0", "--bad", "v0.26.0", "--recipe", str(recipe),
         "--repo", str(history.repo), "--state-dir", str(state), "--json", "-q",
+        "--confidence", "0.99",
     )
     assert code == 0, err
     found = json.loads(out)
@@ -122,7 +123,7 @@ def test_locate_on_the_demo_history_says_compiled_side(tmp_path: Path) -> None:
     # a second call with the same ends starts afresh and still says compiled (no lost state)
     code, out, err = run_cli(
         "locate", "--good", "v0.27.0", "--bad", "v0.26.0", "--recipe", str(recipe),
-        "--repo", str(history.repo), "--state-dir", str(state), "-q",
+        "--repo", str(history.repo), "--state-dir", str(state), "-q", "--confidence", "0.99",
     )
     assert code == 0, err
     assert "compiled" in out.splitlines()[0]
@@ -142,6 +143,7 @@ def test_locate_on_the_python_side_regression_says_python_side(tmp_path: Path) -
     code, out, err = run_cli(
         "locate", "--good", "v0.26.0", "--bad", "v0.27.0", "--recipe", str(recipe),
         "--repo", str(history.repo), "--state-dir", str(tmp_path / "state"), "--json", "-q",
+        "--confidence", "0.99",
     )
     assert code == 0, err
     found = json.loads(out)

@@ -169,7 +169,7 @@ def test_locate_over_releases_takes_python_sides_from_the_wheels(
     state = tmp_path / "state"
     code, out, err = run_cli(
         "locate", "--releases", "--good", "0.27.0", "--bad", "0.26.0", "--recipe", str(recipe),
-        "--state-dir", str(state), "--json", "-q",
+        "--state-dir", str(state), "--json", "-q", "--confidence", "0.99",
     )
     assert code == 0, err
     found = json.loads(out)

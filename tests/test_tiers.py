@@ -272,3 +272,26 @@ def test_mixture_prior_and_the_stand_in_posterior() -> None:
         other.record(20, False)
     assert 1 - other.bad_side_probability()[20] >= DISAGREE_AT
     assert stand_in_probability(other, prior) < 0.05
+
+
+def test_one_server_that_dies_before_health_is_retried_not_a_verdict() -> None:
+    """A boot failure may be the machine's (two servers profiling one GPU); the candidate is
+    untestable only after a second one in a row."""
+    rng = _range(10)
+    state = session.replay(read_header(rng))
+    sha = rng.candidates[5].sha
+
+    def boot_failed(n: int) -> dict[str, Any]:
+        obs = Observation(sha, Verdict.UNTESTABLE, f"b{n}", {"stage": "boot"}, "died")
+        return session.observation_entry(obs, 5)
+
+    state.apply(boot_failed(0))
+    assert 5 not in state.strategy.counts.untestable
+    state.apply(boot_failed(1))
+    assert 5 in state.strategy.counts.untestable
+
+
+def read_header(rng: CommitRange) -> Any:
+    from bisect_tool.journal import JournalContents
+
+    return JournalContents(_header(rng, narrow=""), ())

@@ -629,6 +629,8 @@ def _range_facts(
     good_ref, bad_ref = _ref(header, "good"), _ref(header, "bad")
     last = len(commits) - 1
     old_ref, new_ref = (bad_ref, good_ref) if direction == "fix" else (good_ref, bad_ref)
+    if header.get("level") == "release":  # versions as typed: the releases' tags link
+        old_ref, new_ref = _name(commits[0]), _name(commits[last])
     # Only a recipe run is known to be on vLLM's history (a --run bisect may be any project).
     package = str((recipe.get("artifacts") or {}).get("package") or "")
     compare_url = None
@@ -809,11 +811,19 @@ def _symptom(
     if not reported:
         return None
     bad = next((r for r in tested if r["index"] == bad_end), None)
+    what = "the bad end"
+    if not (bad and bad["divergent"]):
+        # the bad end untested or untestable (a stand-in, the confirm step's bad side): the
+        # symptom as the candidate with the most divergent lifetimes showed it
+        shown = [r for r in tested if r["divergent"]]
+        if shown:
+            bad = max(shown, key=lambda r: r["divergent"])
+            what = _name(bad)
     seen = None
     if bad and bad["lifetimes"]:
         cores = bad.get("max_coresidency")
         seen = (
-            f"{bad['divergent']} of {bad['lifetimes']} lifetimes of the bad end divergent"
+            f"{bad['divergent']} of {bad['lifetimes']} lifetimes of {what} divergent"
             + (f", up to {bad['distinct_outputs']} distinct outputs in {bad['repeats']} repeats"
                if bad.get("distinct_outputs") and bad.get("repeats") else "")
             + (f", at co-residency {cores}" if cores is not None else "")

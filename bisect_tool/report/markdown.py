@@ -244,6 +244,14 @@ def _tier_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _first_problem(gate: str) -> str:
+    """A gate message as a table cell: the op and what happened, not both schemas in full
+    (``bisect log`` and the JSON report keep the whole message)."""
+    head = gate.split(": pinned '", 1)[0]
+    more = re.search(r"\(and \d+ more\)$", gate)
+    return head + (f" {more.group(0)}" if more and more.group(0) not in head else "")
+
+
 def _tier_section(report: Mapping[str, Any]) -> list[str]:
     t = report["tiers"]
     kind = t.get("kind") or "fast"
@@ -256,7 +264,8 @@ def _tier_section(report: Mapping[str, Any]) -> list[str]:
     for r in t["narrow"]:
         ref = (f"[{_code(r['name'])}]({r['commit_url']})" if r.get("commit_url")
                else _code(r["name"]))
-        gate = "-" if r["gate"] is None else ("ok" if r["gate"] == "ok" else _esc(r["gate"]))
+        gate = "-" if r["gate"] is None else ("ok" if r["gate"] == "ok" else _esc(
+            _first_problem(r["gate"])))
         rows.append(f"| {ref} | {r['runs']} | {r['verdict']} | {gate} | "
                     f"{_esc(r['message'][:160])} |")
     lines += [""]

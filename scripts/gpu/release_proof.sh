@@ -61,9 +61,9 @@ untar_xz() {  # SRC DIR
 }
 recipe() {  # the bundled recipe completed for this machine; $1: extra [runtime] lines
   local f=$DEV/batch-invariance-h200${1:+-gated}.toml
-  # two lifetimes share the H200 at once (a 0.6B model; each server gets 40% of the memory)
-  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = 2${1:+\\n$1}|" \
-      -e "s|^  \"--skip-tokenizer-init\",|  \"--skip-tokenizer-init\",\n  \"--gpu-memory-utilization\", \"0.4\",|" \
+  # one lifetime at a time: two vLLM servers profiling one GPU at once each count the other's
+  # memory as their own ("Available KV cache memory: -0.67 GiB", seen here with 0.4 each)
+  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]${1:+\\n$1}|" \
       -e "s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
       -e "s|^weights = \"random:models/qwen3-0.6b\"|weights = \"random:$PWD/bisect_tool/recipes/models/qwen3-0.6b\"|" \
       bisect_tool/recipes/batch-invariance.toml > "$f"
@@ -144,7 +144,7 @@ step_locate() {
   # a second call with the same arguments resumes a locate the deadline cut
   timeout --signal=TERM "$DEADLINE_S" python3 -m bisect_tool locate --releases --good 0.27.0 \
     --bad 0.26.0 --recipe "$r" --good-python "$DEV/site27" --bad-python "$DEV/site" \
-    --state-dir "$DEV/locate" --lifetimes-per-cell "${CELL_LIFETIMES:-4}" --json -v \
+    --state-dir "$DEV/locate" --lifetimes-per-cell "${CELL_LIFETIMES:-4}" ${LOCATE_FLAGS:-} --json -v \
     > "$OUT/locate.json" 2> >(tee -a "$OUT/locate.log" >&2)
   set -e
   cat "$OUT/locate.json"
