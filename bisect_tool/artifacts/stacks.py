@@ -19,7 +19,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bisect_tool.artifacts.cache import ArtifactCache
@@ -63,9 +63,24 @@ def _fresh(cache: ArtifactCache, key: str) -> tuple[Path, Path]:
     return work, final
 
 
-def _install(work: Path, final: Path) -> Path:
-    work.replace(final)
-    return final
+def _build(
+    cache: ArtifactCache, key: str, swap: SwapSet, origin: str, fill: Callable[[Path], None]
+) -> Path:
+    """The cached stack of ``key``, else one ``fill`` writes into a scratch folder, completed
+    with ``swap``'s files and moved into place (one builder per key across processes)."""
+    with cache.lock(f"stack-{key}"):
+        found = cached_side(cache, key)
+        if found is not None:
+            return found
+        work, final = _fresh(cache, key)
+        try:
+            fill(work)
+            _finish(work, swap, origin)
+            work.replace(final)
+            return final
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
 
 
 def side_from_wheel(
@@ -73,56 +88,38 @@ def side_from_wheel(
 ) -> Path:
     """Every member of ``wheel`` except the swap set, then ``swap``'s files: the release's
     Python side with its own extension."""
-    with cache.lock(f"stack-{key}"):
-        found = cached_side(cache, key)
-        if found is not None:
-            return found
-        work, final = _fresh(cache, key)
-        try:
-            skip = set(swap_set)
-            with open_wheel(wheel) as archive:
-                for info in archive.infolist():
-                    if info.is_dir() or info.filename in skip:
-                        continue
-                    dest = inside(work, info.filename, "wheel member")
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    with archive.open(info) as src, dest.open("wb") as out:
-                        shutil.copyfileobj(src, out, 1 << 20)
-            _finish(work, swap, str(wheel))
-            return _install(work, final)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
+    def fill(work: Path) -> None:
+        skip = set(swap_set)
+        with open_wheel(wheel) as archive:
+            for info in archive.infolist():
+                if info.is_dir() or info.filename in skip:
+                    continue
+                dest = inside(work, info.filename, "wheel member")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(info) as src, dest.open("wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+
+    return _build(cache, key, swap, str(wheel), fill)
 
 
 def side_from_git(
     cache: ArtifactCache, key: str, repo: Path, commit: str, package: str, swap: SwapSet
 ) -> Path:
     """``git archive`` of ``package/`` at ``commit`` in ``repo``, then ``swap``'s files."""
-    with cache.lock(f"stack-{key}"):
-        found = cached_side(cache, key)
-        if found is not None:
-            return found
-        work, final = _fresh(cache, key)
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(repo), "archive", "--format=tar", commit, "--", f"{package}/"],
-                capture_output=True, check=False,
-            )
-            if done.returncode != 0:
-                why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
-                raise ArtifactUnavailable(
-                    f"no {package}/ at {commit[:12]} in {repo}: {why[0]}"
-                )
-            with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
-                for member in tar.getmembers():
-                    inside(work, member.name, "archive member")  # refuse paths out of it
-                tar.extractall(work, filter="data")
-            _finish(work, swap, f"git:{repo}@{commit}")
-            return _install(work, final)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
+    def fill(work: Path) -> None:
+        done = subprocess.run(
+            ["git", "-C", str(repo), "archive", "--format=tar", commit, "--", f"{package}/"],
+            capture_output=True, check=False,
+        )
+        if done.returncode != 0:
+            why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+            raise ArtifactUnavailable(f"no {package}/ at {commit[:12]} in {repo}: {why[0]}")
+        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+            for member in tar.getmembers():
+                inside(work, member.name, "archive member")  # refuse paths out of it
+            tar.extractall(work, filter="data")
+
+    return _build(cache, key, swap, f"git:{repo}@{commit}", fill)
 
 
 def side_from_dir(path: Path, package: str) -> Path:
