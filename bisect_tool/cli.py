@@ -322,7 +322,7 @@ def _locate_first(
               help="The good end's Python side: a folder holding its package (site-packages).")
 @click.option("--bad-python", type=click.Path(path_type=Path), default=None,
               help="The bad end's Python side: a folder holding its package.")
-@click.option("--lifetimes-per-cell", type=click.IntRange(min=1), default=12, show_default=True,
+@click.option("--lifetimes-per-cell", type=click.IntRange(min=1), default=24, show_default=True,
               help="Most lifetimes of one cell.")
 @click.option("--confidence", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=None, help="Stop when one explanation holds this posterior mass.")

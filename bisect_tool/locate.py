@@ -58,7 +58,7 @@ class LocateRequest:
     repo: Path | None = None  # a clone: commits, and Python sides from git
     releases: Any = None  # run.ReleaseRequest: the ends are releases of the recipe's package
     python_dirs: Mapping[Side, Path] = dataclasses.field(default_factory=dict)
-    lifetimes_per_cell: int = 12
+    lifetimes_per_cell: int = 24
     command: tuple[str, ...] = ()
 
 

@@ -170,6 +170,7 @@ def test_locate_over_releases_takes_python_sides_from_the_wheels(
     code, out, err = run_cli(
         "locate", "--releases", "--good", "0.27.0", "--bad", "0.26.0", "--recipe", str(recipe),
         "--state-dir", str(state), "--json", "-q", "--confidence", "0.99",
+        "--lifetimes-per-cell", "48",
     )
     assert code == 0, err
     found = json.loads(out)
