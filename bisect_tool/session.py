@@ -567,7 +567,8 @@ def _stop_reason(
     assert bad is not None and good is not None
     stand_in = "" if bad == s.bad_end else (
         f" (standing in for the untestable bad end {state.candidates[s.bad_end].label})")
-    if counts.divergent[bad] == 0 and counts.total[bad] >= settings.max_end_lifetimes:
+    if (counts.divergent[bad] == 0 and counts.total[bad] >= settings.max_end_lifetimes
+            and not counts.divergent.any()):
         return EndState.BAD_END_NEVER, (
             f"the bad end {state.candidates[bad].label}{stand_in} never showed the bug in "
             f"{counts.total[bad]} {unit}: nothing to bisect (check the recipe, or raise "
@@ -576,7 +577,7 @@ def _stop_reason(
     contradicted = s.contradicted_end() if counts.total[bad] and counts.total[good] else None
     if contradicted is not None:
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
-    if counts.total[bad] and counts.divergent[bad] and counts.total[good] and s.done():
+    if counts.total[bad] and counts.total[good] and s.done() and s.bug_shown():
         return EndState.DONE, "the flip holds the asked confidence"
     if spent >= settings.max_evaluations:
         return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"

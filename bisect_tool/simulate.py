@@ -168,7 +168,7 @@ def _run_bayes(
         h.n + 1, Direction.FIX, costs=costs, confidence=confidence, priors=priors
     )
     while h.lifetimes < budget:
-        t, d = strategy.counts.total, strategy.counts.divergent
+        t = strategy.counts.total
         bad, good = strategy.bad_end, strategy.good_end
         if t[bad] and t[good]:
             end = strategy.contradicted_end()
@@ -177,7 +177,7 @@ def _run_bayes(
                 if end == "good":
                     return GOOD_END_CONTRADICTED, beyond
                 return BAD_END_CONTRADICTED, not_bad
-            if d[bad] and strategy.done():
+            if strategy.done() and strategy.bug_shown():
                 break
         try:
             choice = strategy.select()

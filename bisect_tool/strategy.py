@@ -417,6 +417,16 @@ class BayesianStrategy:
     def done(self) -> bool:
         return self.top_block()[1] >= self.stop_threshold()
 
+    def bug_shown(self) -> bool:
+        """Whether a lifetime on the bad side of the answer (the top block) showed the bug.
+
+        Usually that is the bad end. After the tiered search falls back to lifetimes over the
+        whole range, a divergence already seen inside the range (at the fast probe's flip) shows
+        the bug as well: the bad end need not be made to show it again before an answer."""
+        block, _ = self.top_block()
+        bad_d = self._split()[0]
+        return bool(bad_d[block[0] - 1] > 0)
+
     def _rate_posterior(self, which: str, grid_size: int = 400) -> np.ndarray:
         """Posterior density of p or q on a grid, marginalised over the flip position."""
         grid = (np.arange(grid_size) + 0.5) / grid_size
@@ -678,7 +688,10 @@ class BayesianStrategy:
         t, d = self.counts.total, self.counts.divergent
         if t[bad_end] == 0:
             return Choice(bad_end, 1, f"check {names[0]} first")
-        if d[bad_end] == 0:
+        # Until the bug shows somewhere, only the bad end can show that there is anything to
+        # bisect; once a lifetime inside the range showed it (a fall-back from the tiered search),
+        # hammering a quiet bad end teaches nothing the ranking would not choose itself.
+        if d[bad_end] == 0 and (within is not None or not d.any()):
             return Choice(bad_end, 1, f"{names[0]} has not shown the bug yet")
         if t[bad_end] < self.bad_end_lifetimes and d[bad_end] == t[bad_end]:
             return Choice(bad_end, 1, f"estimate how often {names[0]} shows the bug")

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,13 @@ from typing import Any
 import pytest
 
 BASE_IMAGE = "bisect-base:bookworm"
+
+# A shell that starts a job in the background without job control (`make test &`, nohup, some CI
+# runners) hands it SIGINT ignored, and every child inherits that: the Ctrl-C tests would then
+# time out on a tool that cannot be interrupted. Give the tests' children the default a terminal
+# user has (a handler set here is reset to the default in each exec'd child).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

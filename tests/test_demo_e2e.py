@@ -15,9 +15,13 @@ that the device clock and the per-lifetime jitter seed make a property of the wo
   tests/test_demo_engine.py; 0/10 calibrated), so no false alarm can mislead the search;
 - the bad end stays silent for max_end_lifetimes = 16 at p = 0.5: 1.5e-5 (p = 0.31, the lowest
   calibrated interval end: 2.6e-3, a demo run's p estimate has been 0.41-0.52);
-- the search stops at confidence 0.999: `bisect simulate -n 30 --p 0.5 --q 0 --trials 1000
-  --confidence 0.999 --cost-new 2 --cost-lifetime 1` gave 0/1000 wrong (mean reported
-  confidence 0.9996, so ~4e-4 expected), and 0/1000 at p = 0.8.
+- the search stops at confidence 0.999. The demo runs the tiered search (the op check narrows,
+  lifetimes confirm): `bisect simulate -n 30 --p 0.3 --q 0 --trials 1000 --confidence 0.999
+  --tiered --cost-new 2 --narrow-cost 0.3` gave 0/1000 wrong for it (0/1000 at p = 0.5; the
+  lifetimes-only search 2/1000 at p = 0.3, 0/1000 at 0.5), so ~1e-3 at most;
+- the confirm step falls back to lifetimes over the range only if the parent of the op check's
+  flip stays quiet 16 times (0.7**16 = 3e-3 at p = 0.3), and the fall-back still finds the fix
+  (tests/test_tiers.py), so that costs time, not the answer.
 Together about 1 run in 1,000 or fewer; what remains is infrastructure (a build or boot that
 fails), which is UNTESTABLE and routed around, not a wrong answer.
 """

@@ -118,6 +118,32 @@ def test_a_fast_probe_that_flips_elsewhere_falls_back_and_still_finds_the_flip(
     assert session.replay(contents).runs[Tier.NARROW] == len(narrow.calls)
 
 
+class QuietBadEnd(Scripted):
+    """Scripted, except that the bad end itself never happens to show the bug."""
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+        obs = super().evaluate(commit, lifetime_id, tags)
+        if commit == self.shas[0]:
+            return Observation(commit, Verdict.CLEAN, lifetime_id, obs.detail, "", obs.duration_s)
+        return obs
+
+
+def test_after_a_fall_back_a_quiet_bad_end_does_not_end_the_run_as_nothing_to_bisect(
+    tmp_path: Path,
+) -> None:
+    """The confirm step already saw the bug inside the range, so the bad end's silence is luck
+    (p = 0.3 leaves a bad end quiet for 16 lifetimes 0.3 % of the time), not "nothing to bisect":
+    the search is not made to wait for the bad end and still names the flip."""
+    rng = _range(60)
+    shas = [c.sha for c in rng.candidates]
+    narrow = Scripted(shas, 20, 1.0)  # the stand-in flips at 20; the bug really at 41
+    faithful = QuietBadEnd(shas, 41, 0.7, seed=5)
+    summary, path = _run(tmp_path, rng, narrow, faithful, confidence=0.99)
+    assert [p["phase"] for p in read(path).of_type("phase")] == ["confirm", "faithful"]
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[41]
+    assert faithful.calls.count(shas[0]) < 4  # checked, not hammered
+
+
 def test_a_fast_probe_that_never_shows_the_bug_hands_over_to_lifetimes(tmp_path: Path) -> None:
     rng = _range(30)
     shas = [c.sha for c in rng.candidates]
