@@ -38,7 +38,8 @@ declare -A SHA=(
   [0.25.0]=186f5c6dde249b76984340b2d44d6f721f9aec7b88f5b976c01c019e76c61b10
   [0.26.0]=87a4360c79ec9278a4f359957755f370141bdb272a73f314bd43ce4e4279c6b4
   [0.27.0]=d60a4547504db80b5307bfa4d146c5e3278f95add4ccf585b7ed9570b41741f5
-  [py27]=89c43a5b51529b40e17e04e2b961f7116bd4b9eeec37e24f5eecf636bbc46a62
+  # the tar's hash depends on how it was made: PY27_SHA gives the one of a remade payload
+  [py27]=${PY27_SHA:-89c43a5b51529b40e17e04e2b961f7116bd4b9eeec37e24f5eecf636bbc46a62}
   [fa3-0.27.0]=2f5c2a8217f81f2390c468ed6072e40fbeb45fab4cffc83bb48adfcc29bff53b
 )
 # Each extension comes whole (.xz) or as a zstd delta from another release's (.from-B.zst):
@@ -113,9 +114,17 @@ step_site27() {
     python3 scripts/gpu/zpatch.py "$DEV/py26.tar" "$CARRY/py27.tar.from-py26.zst" "$DEV/py27.tar" "${SHA[py27]}"
     mkdir -p "$DEV/site27" && tar -C "$DEV/site27" -xf "$DEV/py27.tar" && touch "$DEV/site27/.ok"
   fi
-  [ -f "$DEV/site27/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" ] || python3 scripts/gpu/zpatch.py \
-    "$DEV/site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" "$CARRY/fa3-0.27.0.from-0.26.0.zst" \
-    "$DEV/site27/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" "${SHA[fa3-0.27.0]}"
+  if [ "${FA3_PINNED:-0}" = 1 ]; then
+    # 0.27.0's own FA3 is built against torch 2.13 and does not load on this machine's 2.11;
+    # 0.26.0's does, and its Python interface to FA3 is the same in both releases (they differ
+    # only in the FA4/cute paths). FA3 is then one file held fixed in every cell, like torch.
+    [ -f "$DEV/site27/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" ] || ln \
+      "$DEV/site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" "$DEV/site27/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"
+  else
+    [ -f "$DEV/site27/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" ] || python3 scripts/gpu/zpatch.py \
+      "$DEV/site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" "$CARRY/fa3-0.27.0.from-0.26.0.zst" \
+      "$DEV/site27/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so" "${SHA[fa3-0.27.0]}"
+  fi
   [ -f "$DEV/site27/vllm/_C_stable_libtorch.abi3.so" ] || ln "$DEV/0.27.0/vllm/_C_stable_libtorch.abi3.so" "$DEV/site27/vllm/_C_stable_libtorch.abi3.so"
   log "site27: 0.27.0's Python side"
 }
