@@ -41,6 +41,7 @@ from bisect_tool.matrix import (
 )
 from bisect_tool.range import Candidate
 from bisect_tool.recipe import Recipe
+from bisect_tool.runtime.common import likely_cause
 from bisect_tool.values import Observation, Verdict, short
 from bisect_tool.verdict import Evidence, evidence
 
@@ -124,10 +125,11 @@ def _counts(contents: journal_mod.JournalContents) -> dict[Cell, CellCounts]:
         elif seen is Evidence.CANNOT_RUN and not c.total:
             # the first line says what failed, the last of a log tail why (the whole tail
             # stays in the journal)
-            lines = [x.strip() for x in str(obs.get("message") or "?").splitlines() if x.strip()]
-            why = lines[0] if lines else "?"
-            if len(lines) > 1 and "log tail" in why:
-                why = f"{why.split('; log tail')[0]}: {lines[-1]}"
+            message = str(obs.get("message") or "?")
+            first, _, log_tail = message.partition("\n")
+            why = first.strip() or "?"
+            if log_tail.strip() and "log tail" in why:
+                why = f"{why.split('; log tail')[0]}: {likely_cause(log_tail)}"
             why = why[:300]
             counts[cell] = CellCounts(c.divergent, c.total, why)
     return counts

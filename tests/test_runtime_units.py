@@ -245,3 +245,27 @@ def test_the_gate_can_be_limited_to_the_ops_the_workload_calls() -> None:
     with pytest.raises(IncompatibleExtension, match="op _C::rms_norm changed"):
         schemas.check_extensions(swap, ["x.so"], lambda _r: pinned, lambda _r: changed,
                                  ["_C::rms_norm"])
+
+
+def test_a_dead_servers_one_line_cause_is_the_error_not_the_last_line() -> None:
+    """The tail of vLLM 0.27.0 dying on the H200's torch 2.11 (docs/h200/releases/locate.jsonl):
+    the last line is pydantic's link; the cause is two lines up."""
+    from bisect_tool.runtime.common import likely_cause
+
+    tail = "\n".join([
+        '(APIServer pid=4217)   File "/tmp/dev/deps/pydantic/_internal/_dataclasses.py", line 121',
+        "(APIServer pid=4217)     s.__pydantic_validator__.validate_python(ArgsKwargs(args))",
+        "(APIServer pid=4217) pydantic_core._pydantic_core.ValidationError: 1 validation error "
+        "for ModelConfig",
+        "(APIServer pid=4217)   Value error, Model architectures ['Qwen3ForCausalLM'] failed to "
+        "be inspected. Please check the logs for more details.",
+        "(APIServer pid=4217)     For further information visit "
+        "https://errors.pydantic.dev/2.14/v/value_error",
+    ])
+    assert likely_cause(tail) == (
+        "Value error, Model architectures ['Qwen3ForCausalLM'] failed to be inspected. Please "
+        "check the logs for more details.")
+    assert likely_cause("booting\nKilled") == "Killed"
+    assert likely_cause("just a line") == "just a line"  # nothing names an error: the last line
+    assert likely_cause("") == ""
+    assert len(likely_cause("RuntimeError: " + "x" * 500)) == 200

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote, unquote
 
+from bisect_tool.artifacts.testing import LoopbackHTTP
 from bisect_tool.demo import history
 from bisect_tool.demo.pinned import STACK_DIR, SWAP_PATH, run_build
 
@@ -188,23 +189,8 @@ class DemoIndex:
         self.gets: Counter[str] = Counter()
         self.accepts: list[str] = []
         self._lock = threading.Lock()
-        self._stopped = False
-        index = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:  # quiet
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                index._handle(self)
-
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        host, port = self._httpd.server_address[:2]
-        self.url = f"http://{host!s}:{port}"
+        self._http = LoopbackHTTP(self._handle)
+        self.url = self._http.url
 
     @classmethod
     def of(cls, wheels: DemoWheels, *, html_only: bool = False) -> DemoIndex:
@@ -229,7 +215,7 @@ class DemoIndex:
             self.entries.append(entry)
 
     def __enter__(self) -> DemoIndex:
-        self._thread.start()
+        self._http.start()
         return self
 
     def __exit__(
@@ -242,14 +228,7 @@ class DemoIndex:
 
     def stop(self) -> None:
         """Stop serving and close the listening socket (idempotent)."""
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        if self._thread.is_alive():
-            self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=10)
+        self._http.stop()
 
     # --- pages -----------------------------------------------------------------------------
     def _html(self, entries: Sequence[IndexEntry]) -> bytes:

@@ -12,7 +12,7 @@ import json
 import threading
 import zipfile
 from collections import Counter, defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -31,6 +31,46 @@ def make_wheel(
         archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\n")
         archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n")
     return path
+
+
+class LoopbackHTTP:
+    """A threaded stdlib HTTP server on 127.0.0.1 (a free port) whose GETs go to ``handle``.
+    ``start()`` serves; ``stop()`` shuts down and closes the socket (idempotent: after it the
+    port refuses connections, as an offline index does)."""
+
+    def __init__(self, handle: Callable[[http.server.BaseHTTPRequestHandler], None]) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                handle(self)
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=10)
 
 
 @dataclass(frozen=True)
@@ -52,28 +92,14 @@ class WheelServer:
         self.ranges: list[tuple[str, str]] = []
         self.bytes_sent = 0
         self._lock = threading.Lock()
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:  # quiet
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                server._handle(self)
-
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._http = LoopbackHTTP(self._handle)
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._http.url
 
     def __enter__(self) -> WheelServer:
-        self._thread.start()
+        self._http.start()
         return self
 
     def __exit__(
@@ -82,9 +108,7 @@ class WheelServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=10)
+        self._http.stop()
 
     # --- content -------------------------------------------------------------------------
     def add(self, path: str, data: bytes, content_type: str = "application/octet-stream") -> str:

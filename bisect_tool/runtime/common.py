@@ -12,6 +12,7 @@ Why each exists:
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import socket
 import threading
@@ -78,6 +79,26 @@ def port_taken(log_text: str) -> bool:
 
 def tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
+
+
+# vLLM's processes prefix each line with "(APIServer pid=4217)"; pydantic ends its errors with a
+# link line. Neither says what failed.
+_PROCESS_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*")
+_NOT_A_CAUSE = re.compile(r"^(For further information visit|File \"|\^+$|Traceback )")
+_CAUSE = re.compile(r"error|exception|failed|cannot|could not|not found|killed", re.IGNORECASE)
+
+
+def likely_cause(log_tail: str, limit: int = 200) -> str:
+    """The one line of a dead server's log tail that most likely says why: the last line that
+    names an error (vLLM 0.27.0 on torch 2.11 ends with pydantic's link line, two lines below
+    "Model architectures ['Qwen3ForCausalLM'] failed to be inspected"), else the last line."""
+    lines = [_PROCESS_PREFIX.sub("", x).strip() for x in log_tail.splitlines()]
+    lines = [x for x in lines if x]
+    if not lines:
+        return ""
+    candidates = [x for x in lines if not _NOT_A_CAUSE.match(x)]
+    found = next((x for x in reversed(candidates) if _CAUSE.search(x)), lines[-1])
+    return found if len(found) <= limit else found[: limit - 3] + "..."
 
 
 def boot_failed(lifetime_id: str, why: str, log_tail: str) -> BootFailed:
