@@ -94,9 +94,11 @@ def test_simulated_runs_name_the_side_that_carries_it(
     assert other not in found
 
 
-# The demo's pre-fix rate is p = 0.3-0.4 (bench/demo_stability.py); at 48 lifetimes a cell the
+# The demo's pre-fix rate is p = 0.3-0.6 (bench/demo_stability.py); at 48 lifetimes a cell the
 # matrix decided in 400/400 simulated runs at p = 0.3 and 0.4 (0 wrong; mean 37 and 26 lifetimes
-# in all), so these tests miss the budget far less than 1 run in 400.
+# in all), but in 294/300 at p = 0.2 (the rest undecided). The Python-side regression shows less
+# often (3 of 9 bad-Python lifetimes in one run here; one CI run ended undecided at 98.6 % with 48),
+# so its test allows 96: 300/300 decided at p = 0.15 and 0.2 in simulation (mean 91 and 62).
 @pytest.mark.slow
 def test_locate_on_the_demo_history_says_compiled_side(tmp_path: Path) -> None:
     from bisect_tool.demo import pinned
@@ -147,7 +149,7 @@ def test_locate_on_the_python_side_regression_says_python_side(tmp_path: Path) -
     code, out, err = run_cli(
         "locate", "--good", "v0.26.0", "--bad", "v0.27.0", "--recipe", str(recipe),
         "--repo", str(history.repo), "--state-dir", str(tmp_path / "state"), "--json", "-q",
-        "--confidence", "0.99", "--lifetimes-per-cell", "48",
+        "--confidence", "0.99", "--lifetimes-per-cell", "96",
     )
     assert code == 0, err
     found = json.loads(out)
