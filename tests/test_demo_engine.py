@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -231,6 +232,72 @@ def test_an_overrun_is_counted_but_does_not_stretch_the_device_clock(
     assert loop.overrun_s == pytest.approx(3 * 0.050 - (0.0212 + 0.02005 + 0.02125))
 
 
+def test_a_declared_arrival_holds_the_device_the_admission_lag_behind_real_time(
+    sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = engine(sos["post"], tmp_path, monkeypatch)
+    clock = ModelClock()
+    timing = DeviceTiming(20.0, 0.05, admission_lag_ms=100.0)
+    loop = clocked(e, clock, timing)
+    t0 = clock.now
+    loop.add(e.make_request(OTHERS[0], 2, arrival=t0, declared=True))
+    assert loop.due() == pytest.approx(t0 + 0.100)  # formed once its start is 100 ms past
+    clock.now = t0 + 0.100
+    loop.timed_step()  # device 0..21.2 ms; its answers are handed back 100 ms after that
+    assert clock.now == pytest.approx(t0 + timing.step_seconds(24) + 0.100)
+    loop.timed_step()
+    loop.timed_step()  # idle again: a client that declares nothing gets no lag
+    loop.add(e.make_request(OTHERS[1], 2, arrival=clock.now))
+    assert loop.due() == pytest.approx(clock.now)
+
+
+def test_a_request_handed_over_after_its_step_formed_is_a_late_arrival(
+    sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = engine(sos["post"], tmp_path, monkeypatch)
+    clock = ModelClock()
+    loop = clocked(e, clock, DeviceTiming(20.0, 0.05, admission_lag_ms=0.0))
+    t0 = clock.now
+    loop.add(e.make_request(OTHERS[0], 3, arrival=t0))
+    loop.timed_step()  # formed at device time t0
+    # Arrived at t0 (declared), handed over after the t0 step formed: it missed that step.
+    loop.add(e.make_request(OTHERS[1], 3, arrival=t0, declared=True))
+    assert loop.late_arrivals == 1
+    assert loop.max_arrival_delay_s == pytest.approx(clock.now - t0)
+    loop.add(e.make_request(OTHERS[2], 3, arrival=clock.now))  # after that step: in time
+    assert loop.late_arrivals == 1
+
+
+def _submit_declared(loop: EngineLoop, e: LLMEngine, p: list[int], arrival: float) -> Request:
+    request = e.make_request(p, 2, arrival=arrival, declared=True)
+    loop.submit(request)
+    return request
+
+
+def test_a_request_that_comes_in_late_still_joins_the_step_it_arrived_for(
+    sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real loop thread on the real clock. Two requests meant to arrive together; the second
+    # is handed over 0.3 s late (a starved timer or HTTP thread). With a 1 s admission lag the
+    # first step still holds both; with none it formed without the second, which is counted.
+    sizes = {}
+    for lag_ms in (1000.0, 0.0):
+        e = engine(sos["post"], tmp_path, monkeypatch)
+        loop = EngineLoop(e, DeviceTiming(20.0, 0.05, admission_lag_ms=lag_ms))
+        loop.start()
+        try:
+            t = time.monotonic()
+            first = _submit_declared(loop, e, OTHERS[0], t)
+            time.sleep(0.3)
+            second = _submit_declared(loop, e, OTHERS[1], t)
+            first.future.result(timeout=30), second.future.result(timeout=30)
+        finally:
+            loop.stop()
+        sizes[lag_ms] = (e.step_sizes[0], loop.late_arrivals)
+    assert sizes[1000.0] == (48, 0)
+    assert sizes[0.0] == (24, 1)
+
+
 def test_scheduler_respects_max_num_seqs_and_token_budget(
     sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -329,6 +396,7 @@ def test_health_and_metrics(server: str) -> None:
     assert "vllm:iteration_tokens_total_count" in text
     assert "# TYPE demollm:step_overruns_total counter" in text
     assert 'demollm:step_overruns_total{engine="0",model_name="demo"} ' in text
+    assert 'demollm:late_arrivals_total{engine="0",model_name="demo"} 0.0' in text
 
 
 def test_probe_reports_the_largest_step_the_demo_engine_took(
@@ -375,7 +443,7 @@ PROBE = ProbeSettings(requests=4, fillers=2, prefix_tokens=8, prompt_tokens=8, f
                       target_coresidency=1, request_timeout_s=30.0)
 
 
-def test_probe_says_when_a_lifetime_ran_slower_than_modelled(sos: dict[str, Path]) -> None:
+def test_probe_reports_overruns_which_only_delay_the_answers(sos: dict[str, Path]) -> None:
     # A microsecond per step: no real compute fits, so every step overruns, on any machine.
     args = ("--step-overhead-ms", "0.001", "--step-per-token-ms", "0")
     with demo_server(sos["post"], {"VLLM_BATCH_INVARIANT": "1"}, args) as url:
@@ -384,16 +452,35 @@ def test_probe_says_when_a_lifetime_ran_slower_than_modelled(sos: dict[str, Path
     # missed a repeat that short), however slow the steps.
     assert result.verdict in (Verdict.CLEAN, Verdict.INCONCLUSIVE), result.message
     assert result.detail["step_overruns"] > 0
-    assert "ran slower than modelled" in result.message
+    assert "ran slower than modelled" in render_server_detail(result.detail)
     assert isinstance(result.detail["jitter_seed"], int)
 
 
-def test_probe_notes_nothing_when_no_step_overran(server: str) -> None:
-    # Zero step times turn the clock off: the counter stays 0, so no note. (A server without
-    # the counter, vLLM, gives None: tests/test_probe_server.py's servers have none.)
+def test_probe_says_when_requests_came_in_after_their_step(sos: dict[str, Path]) -> None:
+    with demo_server(sos["post"], {"VLLM_BATCH_INVARIANT": "1"}) as url:
+        body = {"prompt": OTHERS[0], "max_tokens": 2, "temperature": 0}
+        meant = time.monotonic()
+        assert post(url, body)[0] == 200  # its steps formed at and after `meant`
+        # Declared to have arrived at `meant` too, but handed over only now: late.
+        late = urllib.request.Request(
+            url + "/v1/completions", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "X-Bisect-Arrival": f"{meant:.6f}"},
+        )
+        with urllib.request.urlopen(late, timeout=60) as resp:
+            assert resp.status == 200
+        result = ServerDeterminismProbe(PROBE).run(ServerHandle(url, "t", Path(os.devnull)))
+    assert result.detail["late_arrivals"] >= 1
+    assert "reached the engine after the step they arrived for" in result.message
+    assert "came in after their step formed" in render_server_detail(result.detail)
+
+
+def test_probe_notes_nothing_when_the_clock_kept_up(server: str) -> None:
+    # Zero step times turn the clock off: the counters stay 0, so no note. (A server without
+    # the counters, vLLM, gives None: tests/test_probe_server.py's servers have none.)
     result = ServerDeterminismProbe(PROBE).run(ServerHandle(server, "t", Path(os.devnull)))
     assert result.detail["step_overruns"] in (0, None)
-    assert "ran slower than modelled" not in result.message
+    assert result.detail["late_arrivals"] in (0, None)
+    assert "reached the engine after" not in result.message
 
 
 def test_health_is_503_once_the_engine_dies(

@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from bisect_tool.demo.calibrate import cpu_burner, wilson
+from bisect_tool.demo.calibrate import (
+    LifetimeResult,
+    Measurement,
+    cpu_burner,
+    paired_changes,
+    wilson,
+)
 from bisect_tool.demo.summary import DemoOutcome, format_summary
+from bisect_tool.values import Verdict
 
 PLANTED = "48690ce925ed6f4cd2089f242b69f975d2516aa9"
 
@@ -52,6 +59,22 @@ def test_summary_says_plainly_when_the_answer_is_wrong_or_missing() -> None:
 def test_wilson_interval_matches_the_textbook_values(k: int, n: int, lo: float, hi: float) -> None:
     got = wilson(k, n)
     assert got == pytest.approx((lo, hi), abs=1e-3)
+
+
+def test_paired_changes_counts_the_lifetimes_whose_verdict_the_load_changed() -> None:
+    def lifetime(seed: int | None, verdict: Verdict) -> LifetimeResult:
+        return LifetimeResult(verdict, 8, 0, 2.0, late_arrivals=0, jitter_seed=seed)
+
+    quiet = Measurement("bug", "quiet", (
+        lifetime(1, Verdict.DIVERGENT), lifetime(2, Verdict.CLEAN), lifetime(3, Verdict.CLEAN),
+        lifetime(None, Verdict.CLEAN),
+    ))
+    loaded = Measurement("bug", "loaded", (
+        lifetime(3, Verdict.DIVERGENT), lifetime(1, Verdict.DIVERGENT), lifetime(2, Verdict.CLEAN),
+        lifetime(4, Verdict.DIVERGENT),  # no quiet lifetime drew seed 4: not compared
+    ))
+    assert paired_changes(quiet, loaded) == (1, 3)  # seed 3 went clean -> divergent
+    assert (quiet.p, loaded.p) == (0.25, 0.75)
 
 
 def test_cpu_burner_keeps_one_process_per_core_and_stops_them_all() -> None:

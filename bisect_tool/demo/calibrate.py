@@ -19,8 +19,12 @@ never; with ``demo`` (the kernel alone) every target runs the pinned stack's mod
 
 "loaded" runs the same lifetimes while a bounded CPU burner (one spinning process per core,
 started and stopped here, each ending by itself after ``--burn-max-s``) keeps every core busy.
-demollm's steps last a modelled device time (``demollm.engine.DeviceTiming``), so p should not
-move with the load as long as the CPU keeps up; the overrun column says when it did not.
+demollm's steps last a modelled device time and form from the probe's declared arrival times
+(``demollm.engine``), so a lifetime's outcome is a function of its workload draw (the probe's
+jitter seed), not of the load. Both loads run the same seeds (``--seed``, drawn when not given):
+the "paired" line counts the lifetimes whose verdict the load changed, the direct test of that
+claim; the late column counts lifetimes where a request reached the engine after its step had
+formed (the one way left for the machine to matter).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -58,6 +63,9 @@ class LifetimeResult:
     min_coresidency: int | None  # lowest per-repeat peak (the target must hold in every repeat)
     overruns: int | None  # engine steps that outlasted their modelled time (None: not reported)
     wall_s: float  # boot + probe
+    late_arrivals: int | None = None  # requests that came in after their step formed
+    max_arrival_delay_s: float | None = None  # longest declared arrival -> engine hand-over
+    jitter_seed: int | None = None  # the workload draw (same seed, same arrivals)
 
     @property
     def divergent(self) -> bool:
@@ -87,16 +95,35 @@ class Measurement:
         """Lifetimes with at least one overrun step."""
         return sum(1 for r in self.results if r.overruns)
 
+    @property
+    def late(self) -> int:
+        """Lifetimes where a request reached the engine after the step it arrived for."""
+        return sum(1 for r in self.results if r.late_arrivals)
+
     def line(self) -> str:
         lo, hi = self.interval
+        delays = [r.max_arrival_delay_s for r in self.results if r.max_arrival_delay_s is not None]
         walls = sorted(r.wall_s for r in self.results)
         inconclusive = sum(r.verdict is Verdict.INCONCLUSIVE for r in self.results)
         return (
             f"{self.target} {self.load}: p = {self.p:.2f} [{lo:.2f}, {hi:.2f}] (95% Wilson), "
             f"{self.divergent}/{len(self.results)} divergent, {inconclusive} inconclusive, "
-            f"{self.overran} lifetimes overran the clock, "
+            f"{self.overran} lifetimes overran the clock, {self.late} had late arrivals "
+            f"(longest hand-over {_ms(max(delays, default=None))}), "
             f"median lifetime {walls[len(walls) // 2] if walls else 0.0:.2f}s"
         )
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e3:.0f} ms"
+
+
+def paired_changes(a: Measurement, b: Measurement) -> tuple[int, int]:
+    """(lifetimes whose verdict differs, lifetimes compared) between two measurements of the
+    same jitter seeds: how often the load, not the workload, decided a lifetime."""
+    by_seed = {r.jitter_seed: r.verdict for r in a.results if r.jitter_seed is not None}
+    pairs = [(by_seed[r.jitter_seed], r.verdict) for r in b.results if r.jitter_seed in by_seed]
+    return sum(1 for x, y in pairs if x is not y), len(pairs)
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -195,12 +222,14 @@ def run_lifetime(
     env: dict[str, str],
     lifetime_id: str = "calibrate",
     swap: Mapping[str, Path] | None = None,
+    jitter_seed: int | None = None,
 ) -> LifetimeResult:
-    """One lifetime, probed by the real server probe with the recipe's settings."""
+    """One lifetime, probed by the real server probe with the recipe's settings (and the
+    given workload draw; None: a fresh one)."""
     from bisect_tool.probes.server import ServerDeterminismProbe
 
     started = time.perf_counter()
-    probe = ServerDeterminismProbe(r.probe, model=r.runtime.model or None)
+    probe = ServerDeterminismProbe(r.probe, model=r.runtime.model or None, rng_seed=jitter_seed)
     with demo_server(kernels, env, r.runtime.server_args, swap) as url:
         result = probe.run(ServerHandle(url, lifetime_id, Path(os.devnull)))
     peaks = [p for p in result.detail.get("coresidency_per_repeat") or [] if p is not None]
@@ -209,6 +238,9 @@ def run_lifetime(
         min_coresidency=min(peaks) if peaks else None,
         overruns=result.detail.get("step_overruns"),
         wall_s=time.perf_counter() - started,
+        late_arrivals=result.detail.get("late_arrivals"),
+        max_arrival_delay_s=result.detail.get("max_arrival_delay_s"),
+        jitter_seed=result.detail.get("jitter_seed"),
     )
 
 
@@ -267,19 +299,25 @@ def measure(
     workdir: Path,
     progress: Callable[[str], None] = lambda _m: None,
     burn_max_s: float = 900.0,
+    seed: int | None = None,
 ) -> Measurement:
+    """``lifetimes`` fresh lifetimes of ``target`` under ``load``; lifetime n draws its workload
+    from jitter seed ``seed + n`` (None: fresh draws)."""
     setup = target_setup(target, r, workdir)
     results: list[LifetimeResult] = []
 
     def run_all() -> None:
         for n in range(lifetimes):
             res = run_lifetime(
-                setup.kernels, r, setup.env, f"calibrate-{target}-{load}-{n}", setup.swap
+                setup.kernels, r, setup.env, f"calibrate-{target}-{load}-{n}", setup.swap,
+                None if seed is None else seed + n,
             )
             results.append(res)
             progress(
                 f"{target} {load} lifetime {n}: {res.verdict.value} min co-residency "
-                f"{res.min_coresidency} overruns {res.overruns} wall {res.wall_s:.2f}s"
+                f"{res.min_coresidency} overruns {res.overruns} late {res.late_arrivals} "
+                f"(longest hand-over {_ms(res.max_arrival_delay_s)}) "
+                f"seed {res.jitter_seed} wall {res.wall_s:.2f}s"
             )
 
     if load == "loaded":
@@ -300,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="only the summary lines")
     parser.add_argument("--burn-max-s", type=float, default=900.0,
                         help="the burner's own deadline (it is stopped sooner, when done)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="lifetime n of every load draws jitter seed SEED+n (default: random)")
     args = parser.parse_args(argv)
     if args.lifetimes < 1:
         raise SystemExit("calibrate: --lifetimes must be at least 1")
@@ -312,20 +352,30 @@ def main(argv: list[str] | None = None) -> int:
     progress: Callable[[str], None] = (
         (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
     )
+    seed = random.randrange(2**31) if args.seed is None else args.seed
     print(
         f"recipe {r.name}: jitter {r.probe.jitter_ms} ms, {r.probe.requests}+{r.probe.fillers} "
-        f"requests, {r.probe.repeats} repeats, server {' '.join(r.runtime.server_args)}",
+        f"requests, {r.probe.repeats} repeats, server {' '.join(r.runtime.server_args)}; "
+        f"jitter seeds {seed}..{seed + args.lifetimes - 1} for every load",
         flush=True,
     )
     lines = []
     try:
         with tempfile.TemporaryDirectory(prefix="demo-calibrate-") as tmp:
             for target in targets:
+                done: list[Measurement] = []
                 for load in loads:
                     m = measure(target, load, r, args.lifetimes, Path(tmp) / f"{target}-{load}",
-                                progress, args.burn_max_s)
+                                progress, args.burn_max_s, seed)
+                    done.append(m)
                     lines.append(m.line())
                     print(m.line(), flush=True)
+                if len(done) == 2:
+                    changed, compared = paired_changes(*done)
+                    line = (f"{target} paired: the load changed the verdict of {changed} of "
+                            f"{compared} lifetimes (same jitter seeds quiet and loaded)")
+                    lines.append(line)
+                    print(line, flush=True)
     except BisectError as exc:
         raise SystemExit(f"calibrate: {exc}") from None
     if len(lines) > 1:

@@ -174,6 +174,12 @@ def parse(text: str, only: str | None = None) -> Scrape:
 
 # demollm's device clock: engine steps whose compute outlasted their modelled time (a counter).
 STEP_OVERRUNS = "demollm:step_overruns_total"
+# ... and requests handed to its engine after a step they arrived in time for was formed: the
+# lifetime's batches then depended on this machine's speed (a counter).
+LATE_ARRIVALS = "demollm:late_arrivals_total"
+# ... and the longest a declared arrival took to reach it (a gauge, seconds): what its admission
+# lag must cover.
+ARRIVAL_DELAY_MAX = "demollm:arrival_delay_max_seconds"
 
 
 def gauge_sum(text: str, name: str = RUNNING) -> float | None:

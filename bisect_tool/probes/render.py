@@ -74,6 +74,9 @@ def render_server_detail(detail: Mapping[str, Any]) -> str:
     ]
     if d.get("step_overruns"):
         rows.append(("ran slower than modelled", f"{d['step_overruns']} engine steps overran"))
+    if d.get("late_arrivals"):
+        rows.append(("batches moved by this machine",
+                     f"{d['late_arrivals']} requests came in after their step formed"))
     if d.get("gate_reason"):
         rows.append(("gated", d["gate_reason"]))
     return _table(["", "value"], rows)

@@ -38,6 +38,8 @@ from bisect_tool.probes.compare import (
     parse_completion,
 )
 from bisect_tool.probes.metrics import (
+    ARRIVAL_DELAY_MAX,
+    LATE_ARRIVALS,
     STEP_OVERRUNS,
     MetricsFormatError,
     Scrape,
@@ -330,24 +332,38 @@ class ServerDeterminismProbe:
         seen = [b for b in steps if b is not None]
         detail["max_step_tokens"] = _step_detail(max(seen, key=lambda b: b.at_most, default=None))
         detail["metrics_samples"] = monitor.samples
-        detail["step_overruns"] = await self._overruns(client, url)
+        clock = await self._device_clock(client, url)
+        detail["step_overruns"] = clock.get(STEP_OVERRUNS)
+        detail["late_arrivals"] = clock.get(LATE_ARRIVALS)
+        detail["max_arrival_delay_s"] = clock.get(ARRIVAL_DELAY_MAX)
         verdict, message = decide(comparison, peaks, self.target)
-        if detail["step_overruns"]:
+        if detail["late_arrivals"]:
             message += (
-                f"; the lifetime ran slower than modelled ({detail['step_overruns']} engine steps "
-                "overran their modelled time: how steps formed depended on this machine's speed)"
+                f"; {detail['late_arrivals']} requests reached the engine after the step they "
+                "arrived for had formed: how steps formed depended on this machine's speed"
             )
         return verdict, message
 
-    async def _overruns(self, client: httpx.AsyncClient, url: str) -> int | None:
-        """Steps the server says overran its modelled device time (demollm's clock), or None
-        when it does not say (vLLM: its steps take what the GPU takes)."""
+    async def _device_clock(
+        self, client: httpx.AsyncClient, url: str
+    ) -> dict[str, int | float | None]:
+        """What the server says of its modelled device clock (demollm's): steps that overran
+        their modelled time, requests that came in too late for their step (counts), and the
+        longest hand-over of a declared arrival (seconds). None each when it does not say
+        (vLLM: its steps take what the GPU takes)."""
         try:
             resp = await client.get(url + "/metrics", timeout=10.0)
         except httpx.HTTPError:
-            return None
-        value = gauge_sum(resp.text, STEP_OVERRUNS) if resp.status_code == 200 else None
-        return None if value is None else int(value)
+            return {}
+        if resp.status_code != 200:
+            return {}
+        counts = {name: gauge_sum(resp.text, name) for name in (STEP_OVERRUNS, LATE_ARRIVALS)}
+        clock: dict[str, int | float | None] = {
+            name: None if v is None else int(v) for name, v in counts.items()
+        }
+        delay = gauge_sum(resp.text, ARRIVAL_DELAY_MAX)
+        clock[ARRIVAL_DELAY_MAX] = None if delay is None else round(delay, 4)
+        return clock
 
     async def _attempts(
         self,

@@ -10,9 +10,18 @@ Each step also lasts a modelled time on a modelled device (``DeviceTiming``: a l
 plus a cost per token, like a GPU step), the loop sleeping out whatever the CPU did not use, and
 a step admits the requests that arrived before it started on that device's clock. How steps
 form then depends on when requests arrive against that clock, not on how fast this CPU is or
-what else runs on it. A step whose compute outlasts its modelled time is an overrun: counted
-and exposed in /metrics, so a probe can say that the lifetime ran slower than modelled (its
-answers came late, and arrival times taken by starved HTTP threads are noisier).
+what else runs on it.
+
+Two things could still let the machine in, and both are counted and exposed in /metrics:
+
+- a request that reaches the engine after a step that started later than its arrival was
+  formed (a late arrival: a client's timer or an HTTP thread waited for a core). A client that
+  says when each request was meant to arrive (the probe's X-Bisect-Arrival) gets the device run
+  ``admission_lag_ms`` behind real time while its requests are in: a step is formed only once
+  its start lies that far in the past, so requests that took up to that long to come in still
+  join the step they arrived for. Steps then form from the arrival times alone;
+- a step whose compute outlasts its modelled time (an overrun): its answers come late, but the
+  device clock does not stretch with it, so the batches still form as modelled.
 """
 
 from __future__ import annotations
@@ -51,6 +60,9 @@ class Request:
     max_tokens: int
     logprobs: int  # top-k alternatives to report (0: none)
     arrival: float = field(default_factory=time.monotonic)
+    # The client said when it meant the request to arrive (the arrival is its time, not ours):
+    # the engine then holds its steps behind real time for requests that come in late.
+    declared_arrival: bool = False
     outputs: list[TokenOutput] = field(default_factory=list)
     segment: Segment | None = None
     future: Future[Request] = field(default_factory=Future)
@@ -70,13 +82,19 @@ class DeviceTiming:
     token) and leave this CPU's compute a wide margin: a 300-token step computes in about 9 ms
     on one core of the 2-core CI machine and lasts 35 ms here. Zero for both: steps last as long
     as the CPU takes (no clock, never an overrun).
+
+    ``admission_lag_ms``: how far behind real time the device runs while requests that declared
+    their arrival are in (``EngineLoop``): the longest a request may take from its declared
+    arrival to the engine and still join the step it arrived for. It delays answers by that
+    much once per busy period, not per step.
     """
 
     launch_overhead_ms: float = 20.0
     per_token_ms: float = 0.05
+    admission_lag_ms: float = 100.0
 
     def __post_init__(self) -> None:
-        if self.launch_overhead_ms < 0 or self.per_token_ms < 0:
+        if self.launch_overhead_ms < 0 or self.per_token_ms < 0 or self.admission_lag_ms < 0:
             raise ValueError("step times must be >= 0")
 
     @property
@@ -105,7 +123,12 @@ class LLMEngine:
         self._ids = itertools.count()
 
     def make_request(
-        self, prompt: list[int], max_tokens: int, logprobs: int = 0, arrival: float | None = None
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        logprobs: int = 0,
+        arrival: float | None = None,
+        declared: bool = False,
     ) -> Request:
         vocab = self.model.config.vocab_size
         if not prompt:
@@ -134,6 +157,7 @@ class LLMEngine:
         request = Request(f"cmpl-{next(self._ids)}", list(prompt), max_tokens, logprobs)
         if arrival is not None:
             request.arrival = arrival
+        request.declared_arrival = declared
         return request
 
     def add_request(self, request: Request) -> None:
@@ -208,6 +232,14 @@ class EngineLoop:
     exist at its end). A step whose compute took longer than modelled is counted in ``overruns``
     (and ``overrun_s``); the device clock does not stretch with it, so a late step still admits
     only what arrived by its modelled start, and the batches form as on a CPU that kept up.
+
+    While a busy period began with a request that declared its arrival, the device runs
+    ``offset_s`` (the timing's admission lag) behind real time: a step is formed once its start
+    lies that far in the past, and its answers are handed back that much after its end. A
+    request handed to the engine after a step that started at or after its arrival was formed
+    is a late arrival (``late_arrivals``): the one way left for this machine's speed to change
+    how steps form, so it is counted, with the longest hand-over delay seen
+    (``max_arrival_delay_s``).
     """
 
     def __init__(
@@ -222,7 +254,11 @@ class EngineLoop:
         self._clock, self._sleep = clock, sleep  # injectable: tests run the clock on model time
         self.overruns = 0  # steps whose compute outlasted their modelled time
         self.overrun_s = 0.0  # by how much, in total
+        self.late_arrivals = 0  # requests handed over after a step they arrived for was formed
+        self.max_arrival_delay_s = 0.0  # longest declared arrival -> engine hand-over
         self.device_t: float | None = None  # the device clock: when its next step starts
+        self.offset_s = 0.0  # how far the device runs behind real time in this busy period
+        self._formed_at: float | None = None  # device start of the last step formed
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
         self._pending: set[Request] = set()  # submitted, not finished (failed if the engine dies)
@@ -257,23 +293,61 @@ class EngineLoop:
         with self._cond:
             return len(self.engine.running), len(self.engine.waiting) + len(self._incoming)
 
+    def add(self, request: Request) -> None:
+        """Hand a request to the engine now (the loop thread, or a test): counts it as a late
+        arrival when a step it arrived in time for was already formed without it."""
+        if self._formed_at is not None and request.arrival <= self._formed_at:
+            self.late_arrivals += 1
+        if request.declared_arrival:
+            delay = self._clock() - request.arrival
+            self.max_arrival_delay_s = max(self.max_arrival_delay_s, delay)
+        self.engine.add_request(request)
+        if self.timing.enabled:
+            # First come, first served by arrival: an HTTP thread may hand over a request after
+            # one that arrived later. One assignment (the metrics thread reads it).
+            self.engine.waiting = deque(sorted(self.engine.waiting, key=lambda r: r.arrival))
+
+    def due(self) -> float | None:
+        """When (real time) the next step may be formed; None with nothing to run. On an idle
+        device this also sets the busy period's offset."""
+        engine = self.engine
+        if not self.timing.enabled:
+            return self._clock() if engine.has_work() else None
+        if not engine.running:
+            if not engine.waiting:
+                return None
+            declared = any(r.declared_arrival for r in engine.waiting)
+            self.offset_s = self.timing.admission_lag_ms / 1000.0 if declared else 0.0
+            first = engine.waiting[0].arrival
+            start = first if self.device_t is None else max(self.device_t, first)
+        else:
+            assert self.device_t is not None
+            start = self.device_t
+        return start + self.offset_s
+
+    def _take_incoming(self) -> None:
+        for request in self._incoming:
+            self.add(request)
+        self._incoming.clear()
+
     def _run(self) -> None:
         try:
             while True:
                 with self._cond:
                     while not self._stop and not self._incoming and not self.engine.has_work():
                         self._cond.wait()
+                    self._take_incoming()
+                    # Hold the step until its start is the admission lag in the past, taking
+                    # in what comes meanwhile (an earlier arrival may move an idle start).
+                    while not self._stop:
+                        due = self.due()
+                        wait = 0.0 if due is None else due - self._clock()
+                        if wait <= 0:
+                            break
+                        self._cond.wait(wait)
+                        self._take_incoming()
                     if self._stop:
                         return
-                    for request in self._incoming:
-                        self.engine.add_request(request)
-                    self._incoming.clear()
-                    if self.timing.enabled:
-                        # First come, first served by arrival: an HTTP thread may hand over a
-                        # request after one that arrived later. One assignment (metrics read it).
-                        self.engine.waiting = deque(
-                            sorted(self.engine.waiting, key=lambda r: r.arrival)
-                        )
                 for request in self.timed_step():
                     with self._cond:
                         self._pending.discard(request)
@@ -289,11 +363,15 @@ class EngineLoop:
                     request.future.set_exception(RuntimeError(f"engine is dead: {exc!r}"))
 
     def timed_step(self) -> list[Request]:
-        """One engine step on the device clock (the loop thread calls it; tests may too)."""
+        """One engine step on the device clock (the loop thread calls it once the step is due;
+        tests may call it directly)."""
         engine = self.engine
         if not self.timing.enabled:
             return engine.step()
         if not engine.running:  # an idle device starts when the first waiting request arrived
+            if not engine.waiting:
+                return []
+            self.due()  # sets the busy period's offset
             first = engine.waiting[0].arrival
             self.device_t = first if self.device_t is None else max(self.device_t, first)
         assert self.device_t is not None
@@ -303,6 +381,7 @@ class EngineLoop:
         finished = engine.step(admit_until=start)
         if engine.steps == steps:
             return finished
+        self._formed_at = start
         modelled = self.timing.step_seconds(engine.step_sizes[-1])
         used = self._clock() - wall
         if used > modelled:
@@ -316,7 +395,7 @@ class EngineLoop:
                 used * 1e3, (time.thread_time() - cpu) * 1e3, modelled * 1e3,
             )
         self.device_t = start + modelled
-        delay = self.device_t - self._clock()
+        delay = self.device_t + self.offset_s - self._clock()
         if delay > 0:
             self._sleep(delay)
         return finished

@@ -76,7 +76,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path}", "NotFoundError")
 
     def do_POST(self) -> None:  # noqa: N802 (stdlib's name)
-        arrived = _arrival(self.headers.get(ARRIVAL_HEADER), time.monotonic())
+        arrived, declared = _arrival(self.headers.get(ARRIVAL_HEADER), time.monotonic())
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         if self.path != "/v1/completions":
@@ -88,7 +88,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             body = json.loads(raw)
-            request = _parse(body, loop.engine, self.server.model_name, arrived)
+            request = _parse(body, loop.engine, self.server.model_name, arrived, declared)
         except (ValueError, TypeError, KeyError) as exc:
             self._error(400, str(exc), "BadRequestError")
             return
@@ -108,22 +108,28 @@ ARRIVAL_HEADER = "X-Bisect-Arrival"
 MAX_LATENESS_S = 2.0
 
 
-def _arrival(header: str | None, now: float) -> float:
-    """When the request arrived on the device clock: the client's intended time when it sent
-    one (a timer that woke late, or this HTTP thread waiting for a core, would otherwise move
-    it, and with it how the engine's steps form: the load would change the bug's rate), else
-    now, before the body is read and parsed."""
+def _arrival(header: str | None, now: float) -> tuple[float, bool]:
+    """When the request arrived on the device clock, and whether the client declared it: the
+    client's intended time when it sent one (a timer that woke late, or this HTTP thread
+    waiting for a core, would otherwise move it, and with it how the engine's steps form: the
+    load would change the bug's rate), else now, before the body is read and parsed."""
     if header:
         try:
             intended = float(header)
         except ValueError:
-            return now
+            return now, False
         if 0.0 <= now - intended <= MAX_LATENESS_S:
-            return intended
-    return now
+            return intended, True
+    return now, False
 
 
-def _parse(body: Any, engine: LLMEngine, model_name: str, arrival: float | None = None) -> Request:
+def _parse(
+    body: Any,
+    engine: LLMEngine,
+    model_name: str,
+    arrival: float | None = None,
+    declared: bool = False,
+) -> Request:
     if not isinstance(body, dict):
         raise RequestError("body must be a JSON object")
     model = body.get("model", model_name)
@@ -145,7 +151,7 @@ def _parse(body: Any, engine: LLMEngine, model_name: str, arrival: float | None 
     max_tokens = body.get("max_tokens", 16)
     if not isinstance(max_tokens, int) or not isinstance(logprobs, int):
         raise RequestError("max_tokens and logprobs must be integers")
-    return engine.make_request(prompt, max_tokens, logprobs, arrival)
+    return engine.make_request(prompt, max_tokens, logprobs, arrival, declared)
 
 
 def _response(request: Request, body: dict[str, Any], created: int, model: str) -> dict[str, Any]:
@@ -226,10 +232,19 @@ def _metrics(server: ApiServer) -> str:
     lines.append(f'vllm:iteration_tokens_total_bucket{{{labels},le="+Inf"}} {len(sizes)}')
     lines.append(f"vllm:iteration_tokens_total_count{{{labels}}} {len(sizes)}")
     lines.append(f"vllm:iteration_tokens_total_sum{{{labels}}} {float(sum(sizes))}")
-    # Not a vLLM metric: the demo's device clock (engine.DeviceTiming). Plain counters, so any
-    # Prometheus parser reads them; a probe that sees overruns says the lifetime ran slower than
-    # modelled (its step formation then depended on this CPU's speed).
+    # Not vLLM metrics: the demo's device clock (engine.DeviceTiming). Plain counters, so any
+    # Prometheus parser reads them. Late arrivals are what lets this machine's speed change how
+    # steps form (a probe that sees them says so); overruns only delay the answers.
+    loop = server.loop
     lines += [
+        "# HELP demollm:late_arrivals_total Requests handed to the engine after a step that "
+        "started at or after their arrival had been formed without them.",
+        "# TYPE demollm:late_arrivals_total counter",
+        f"demollm:late_arrivals_total{{{labels}}} {float(loop.late_arrivals)}",
+        "# HELP demollm:arrival_delay_max_seconds Longest time from a declared arrival to the "
+        "engine.",
+        "# TYPE demollm:arrival_delay_max_seconds gauge",
+        f"demollm:arrival_delay_max_seconds{{{labels}}} {loop.max_arrival_delay_s:.6f}",
         "# HELP demollm:step_overruns_total Engine steps whose compute outlasted their modelled "
         "device time.",
         "# TYPE demollm:step_overruns_total counter",
@@ -277,6 +292,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=defaults.per_token_ms,
         help="modelled cost of each token in a step",
     )
+    parser.add_argument(
+        "--admission-lag-ms",
+        type=float,
+        default=defaults.admission_lag_ms,
+        help="how far the device runs behind real time for clients that declare their "
+        "requests' arrival (X-Bisect-Arrival): the longest hand-over that still joins its step",
+    )
     # Accepted for command-line compatibility with vLLM recipes; the demo has nothing to switch.
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--no-enable-prefix-caching", action="store_true")
@@ -293,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("cannot load the compiled ops: %s", exc)
         return 1
     try:
-        timing = DeviceTiming(args.step_overhead_ms, args.step_per_token_ms)
+        timing = DeviceTiming(args.step_overhead_ms, args.step_per_token_ms, args.admission_lag_ms)
     except ValueError as exc:
         logger.error("bad step timing: %s", exc)
         return 2
@@ -302,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "Initializing a V1 LLM engine (v%s) with config: model=%r, max_num_seqs=%d, "
         "max_num_batched_tokens=%d, vocab_size=%d, hidden_size=%d, kernels=%s, "
         "kernels_sha256=%s, rms_norm_block_size(<256 tokens)=%s, (>=256 tokens)=%s, "
-        "batch_invariant_matmul=%s, step_time=%.3f ms + %.4f ms/token",
+        "batch_invariant_matmul=%s, step_time=%.3f ms + %.4f ms/token, admission_lag=%.1f ms",
         __version__,
         args.model,
         args.max_num_seqs,
@@ -316,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.model.config.batch_invariant,
         timing.launch_overhead_ms,
         timing.per_token_ms,
+        timing.admission_lag_ms,
     )
     loop = EngineLoop(engine, timing)
     loop.start()
