@@ -25,7 +25,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bisect_tool tests bench
-	$(BIN)/mypy bisect_tool
+	$(BIN)/mypy bisect_tool bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -24,19 +24,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bisect_tool import recipe as recipe_mod
 from bisect_tool.demo.calibrate import Measurement, cpu_burner, measure, paired_changes, wilson
 
 
-def demo_run(workdir: Path, commits: int) -> dict[str, object]:
+def demo_run(workdir: Path, commits: int) -> dict[str, Any]:
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "bisect_tool", "demo", "--workdir", str(workdir), "--json",
          "--commits", str(commits)],
         capture_output=True, text=True, timeout=1800,
     )
-    out: dict[str, object] = {"rc": proc.returncode, "wall_s": time.monotonic() - started}
+    out: dict[str, Any] = {"rc": proc.returncode, "wall_s": time.monotonic() - started}
     if "{" in proc.stdout:
         out.update(json.loads(proc.stdout[proc.stdout.index("{"):]))
     else:

@@ -21,16 +21,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
-def demo(workdir: Path, commits: int, lifetimes_only: bool) -> dict[str, object]:
+def demo(workdir: Path, commits: int, lifetimes_only: bool) -> dict[str, Any]:
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "bisect_tool", "demo", "--workdir", str(workdir), "--json",
          "--commits", str(commits), *(["--lifetimes-only"] if lifetimes_only else [])],
         capture_output=True, text=True, timeout=1800,
     )
-    out: dict[str, object] = {"rc": proc.returncode, "wall_s": time.monotonic() - started}
+    out: dict[str, Any] = {"rc": proc.returncode, "wall_s": time.monotonic() - started}
     if "{" in proc.stdout:
         out.update(json.loads(proc.stdout[proc.stdout.index("{"):]))
     else:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None,
                         help="copy the state dir of any run that did not find the fix here")
     args = parser.parse_args(argv)
-    results: dict[str, list[dict[str, object]]] = {"tiered": [], "lifetimes only": []}
+    results: dict[str, list[dict[str, Any]]] = {"tiered": [], "lifetimes only": []}
     for n in range(args.runs):
         order = [False, True] if n % 2 == 0 else [True, False]
         for lifetimes_only in order:
