@@ -231,7 +231,9 @@ def test_demo_python_workload_can_split_but_never_reach_the_kernel_trigger() -> 
     assert MODEL in r.artifacts.swap_set and pinned.SWAP_PATH in r.artifacts.swap_set
     assert MODEL in r.range.paths
     demo = recipe_mod.load("demo")
-    assert r.runtime.server_args[2:] == demo.runtime.server_args[2:]  # the same device clock
+    # The same device clock (its longer admission lag only covers its longer hand-over).
+    assert r.runtime.server_args[2:6] == demo.runtime.server_args[2:]
+    assert r.runtime.server_args[6:] == ("--admission-lag-ms", "250")
     assert r.runtime.env == demo.runtime.env
     assert r.artifacts.build_command == demo.artifacts.build_command
     assert r.artifacts.build_executor == "host"
