@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool import recipe as recipe_mod
-from bisect_tool.demo.calibrate import Measurement, cpu_burner, measure, paired_changes, wilson
+from bisect_tool.demo.calibrate import Measurement, cpu_burner, measure, paired_line, wilson
 
 
 def demo_run(workdir: Path, commits: int) -> dict[str, Any]:
@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = recipe_mod.load("demo")
     seed = random.randrange(2**31) if args.seed is None else args.seed
     print(f"jitter seeds {seed}..{seed + args.lifetimes - 1} for each load's p", flush=True)
-    measured: dict[str, Measurement] = {}
-    rates: dict[str, float] = {}
+    measured: dict[str, Measurement] = {}  # each load's p, from the same seeds
     lines = []
     for load in loads:
         with tempfile.TemporaryDirectory(prefix=f"demo-stability-{load}-") as tmp:
@@ -70,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
                 args.lifetimes > 0) else None
             if m is not None:
                 measured[load] = m
-                rates[load] = m.p
                 print(m.line(), flush=True)
             runs = []
             burner = cpu_burner(max_s=3600) if load == "loaded" else contextlib.nullcontext()
@@ -96,15 +94,13 @@ def main(argv: list[str] | None = None) -> int:
             f"(95% Wilson {lo:.2f}-{hi:.2f}); lowest confidence {confs[0] if confs else 0:.4f}; "
             f"wall median {walls[len(walls) // 2] if walls else 0:.1f}s max "
             f"{walls[-1] if walls else 0:.1f}s"
-            + (f"; p = {rates[load]:.2f}" if load in rates else "")
+            + (f"; p = {measured[load].p:.2f}" if load in measured else "")
         )
     print("\n".join(["", "summary:", *lines]))
-    if len(rates) == 2:
-        gap = abs(rates["quiet"] - rates["loaded"])
+    if len(measured) == 2:
+        gap = abs(measured["quiet"].p - measured["loaded"].p)
         print(f"|p_quiet - p_loaded| = {gap:.2f} (target <= 0.15)")
-        changed, compared = paired_changes(measured["quiet"], measured["loaded"])
-        print(f"the load changed the verdict of {changed} of {compared} lifetimes "
-              "(same jitter seeds quiet and loaded)")
+        print(paired_line(measured["quiet"], measured["loaded"]))
     return 0
 
 

@@ -126,6 +126,12 @@ def paired_changes(a: Measurement, b: Measurement) -> tuple[int, int]:
     return sum(1 for x, y in pairs if x is not y), len(pairs)
 
 
+def paired_line(quiet: Measurement, loaded: Measurement) -> str:
+    changed, compared = paired_changes(quiet, loaded)
+    return (f"the load changed the verdict of {changed} of {compared} lifetimes "
+            "(same jitter seeds quiet and loaded)")
+
+
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     """The Wilson score interval of a binomial rate k/n (95 % by default); (0, 1) when n = 0."""
     if n <= 0:
@@ -371,9 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                     lines.append(m.line())
                     print(m.line(), flush=True)
                 if len(done) == 2:
-                    changed, compared = paired_changes(*done)
-                    line = (f"{target} paired: the load changed the verdict of {changed} of "
-                            f"{compared} lifetimes (same jitter seeds quiet and loaded)")
+                    line = f"{target} paired: {paired_line(*done)}"
                     lines.append(line)
                     print(line, flush=True)
     except BisectError as exc:

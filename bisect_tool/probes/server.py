@@ -332,10 +332,7 @@ class ServerDeterminismProbe:
         seen = [b for b in steps if b is not None]
         detail["max_step_tokens"] = _step_detail(max(seen, key=lambda b: b.at_most, default=None))
         detail["metrics_samples"] = monitor.samples
-        clock = await self._device_clock(client, url)
-        detail["step_overruns"] = clock.get(STEP_OVERRUNS)
-        detail["late_arrivals"] = clock.get(LATE_ARRIVALS)
-        detail["max_arrival_delay_s"] = clock.get(ARRIVAL_DELAY_MAX)
+        detail.update(await self._device_clock(client, url))
         verdict, message = decide(comparison, peaks, self.target)
         if detail["late_arrivals"]:
             message += (
@@ -347,23 +344,24 @@ class ServerDeterminismProbe:
     async def _device_clock(
         self, client: httpx.AsyncClient, url: str
     ) -> dict[str, int | float | None]:
-        """What the server says of its modelled device clock (demollm's): steps that overran
-        their modelled time, requests that came in too late for their step (counts), and the
-        longest hand-over of a declared arrival (seconds). None each when it does not say
+        """What the server says of its modelled device clock (demollm's), as detail fields:
+        steps that overran their modelled time, requests that came in too late for their step,
+        the longest hand-over of a declared arrival (seconds). None each when it does not say
         (vLLM: its steps take what the GPU takes)."""
+        overruns = late = delay = None
         try:
             resp = await client.get(url + "/metrics", timeout=10.0)
-        except httpx.HTTPError:
-            return {}
-        if resp.status_code != 200:
-            return {}
-        counts = {name: gauge_sum(resp.text, name) for name in (STEP_OVERRUNS, LATE_ARRIVALS)}
-        clock: dict[str, int | float | None] = {
-            name: None if v is None else int(v) for name, v in counts.items()
+            if resp.status_code == 200:
+                page = parse(resp.text)
+                overruns, late = page.value(STEP_OVERRUNS), page.value(LATE_ARRIVALS)
+                delay = page.value(ARRIVAL_DELAY_MAX)
+        except (httpx.HTTPError, MetricsFormatError):
+            pass
+        return {
+            "step_overruns": None if overruns is None else int(overruns),
+            "late_arrivals": None if late is None else int(late),
+            "max_arrival_delay_s": None if delay is None else round(delay, 4),
         }
-        delay = gauge_sum(resp.text, ARRIVAL_DELAY_MAX)
-        clock[ARRIVAL_DELAY_MAX] = None if delay is None else round(delay, 4)
-        return clock
 
     async def _attempts(
         self,

@@ -307,23 +307,26 @@ class EngineLoop:
             # one that arrived later. One assignment (the metrics thread reads it).
             self.engine.waiting = deque(sorted(self.engine.waiting, key=lambda r: r.arrival))
 
-    def due(self) -> float | None:
-        """When (real time) the next step may be formed; None with nothing to run. On an idle
-        device this also sets the busy period's offset."""
+    def _next_start(self) -> float | None:
+        """The device time the next step starts; None with nothing to run. An idle device
+        starts a busy period when its first waiting request arrived, running the admission lag
+        behind real time if any waiting request declared its arrival."""
         engine = self.engine
+        if engine.running:
+            return self.device_t
+        if not engine.waiting:
+            return None
+        declared = any(r.declared_arrival for r in engine.waiting)
+        self.offset_s = self.timing.admission_lag_ms / 1000.0 if declared else 0.0
+        first = engine.waiting[0].arrival
+        return first if self.device_t is None else max(self.device_t, first)
+
+    def due(self) -> float | None:
+        """When (real time) the next step may be formed; None with nothing to run."""
         if not self.timing.enabled:
-            return self._clock() if engine.has_work() else None
-        if not engine.running:
-            if not engine.waiting:
-                return None
-            declared = any(r.declared_arrival for r in engine.waiting)
-            self.offset_s = self.timing.admission_lag_ms / 1000.0 if declared else 0.0
-            first = engine.waiting[0].arrival
-            start = first if self.device_t is None else max(self.device_t, first)
-        else:
-            assert self.device_t is not None
-            start = self.device_t
-        return start + self.offset_s
+            return self._clock() if self.engine.has_work() else None
+        start = self._next_start()
+        return None if start is None else start + self.offset_s
 
     def _take_incoming(self) -> None:
         for request in self._incoming:
@@ -368,14 +371,10 @@ class EngineLoop:
         engine = self.engine
         if not self.timing.enabled:
             return engine.step()
-        if not engine.running:  # an idle device starts when the first waiting request arrived
-            if not engine.waiting:
-                return []
-            self.due()  # sets the busy period's offset
-            first = engine.waiting[0].arrival
-            self.device_t = first if self.device_t is None else max(self.device_t, first)
-        assert self.device_t is not None
-        start = self.device_t
+        start = self._next_start()
+        if start is None:
+            return []
+        self.device_t = start
         wall, cpu = self._clock(), time.thread_time()
         steps = engine.steps
         finished = engine.step(admit_until=start)
