@@ -318,6 +318,32 @@ def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome
                     f"controls failed, so a CLEAN would mean nothing: {entry.get('problem')}"
                 )
         ends = {Side.GOOD: good, Side.BAD: bad}
+        # each lifetime that ends, in the order they end (list.append is atomic)
+        ended: list[tuple[Cell, Observation]] = []
+
+        def one(item: tuple[Cell, str]) -> None:
+            cell, lid = item
+            end = ends[cell.compiled]
+            observer(LifetimeStarted(end.sha, lid))
+            seen: Observation = evaluators[cell.python].evaluate(end.sha, lid, end.tags)
+            ended.append((cell, seen))
+            observer(LifetimeEnded(end.sha, lid, str(seen.verdict), seen.message,
+                                   seen.duration_s, seen.detail))
+
+        journaled = 0
+
+        def journal_ended() -> None:
+            nonlocal journaled, lifetimes
+            for cell, obs in ended[journaled:]:
+                journal.append({
+                    "type": "observation", "cell": cell.key, "lifetime_id": obs.lifetime_id,
+                    "commit": obs.commit, "position": 0 if cell.compiled is Side.GOOD else 1,
+                    "verdict": str(obs.verdict), "detail": obs.detail,
+                    "message": obs.message, "duration_s": round(obs.duration_s, 3),
+                })
+                journaled += 1
+                lifetimes += 1
+
         while True:
             finding = conclude(counts, confidence)
             if finding.decided:
@@ -331,25 +357,21 @@ def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome
                 issued[cell.key] = n + 1
                 work.append((cell, f"locate-{cell.python}-py-{cell.compiled}-c-{n}"))
 
-            def one(item: tuple[Cell, str]) -> tuple[Cell, Observation]:
-                cell, lid = item
-                end = ends[cell.compiled]
-                observer(LifetimeStarted(end.sha, lid))
-                seen: Observation = evaluators[cell.python].evaluate(end.sha, lid, end.tags)
-                observer(LifetimeEnded(end.sha, lid, str(seen.verdict), seen.message,
-                                       seen.duration_s, seen.detail))
-                return cell, seen
-
             with ThreadPoolExecutor(max_workers=len(work)) as pool:
-                for fut in as_completed([pool.submit(one, item) for item in work]):
-                    cell, obs = fut.result()
-                    journal.append({
-                        "type": "observation", "cell": cell.key, "lifetime_id": obs.lifetime_id,
-                        "commit": obs.commit, "position": 0 if cell.compiled is Side.GOOD else 1,
-                        "verdict": str(obs.verdict), "detail": obs.detail,
-                        "message": obs.message, "duration_s": round(obs.duration_s, 3),
-                    })
-                    lifetimes += 1
+                try:
+                    futures = [pool.submit(one, item) for item in work]
+                    for fut in as_completed(futures):
+                        fut.result()  # a lifetime that raised stops the run here
+                        journal_ended()
+                except BaseException:
+                    # A SIGTERM (a GPU call's deadline) stops this wait, not the lifetimes: they
+                    # run in the pool's threads, which the pool waits for, and end as they would
+                    # have. One that ends is an observation like any other, so it is journaled
+                    # before the exception goes on (on the lent H100 a finished divergent
+                    # lifetime was printed, then lost, and run again by the next call).
+                    pool.shutdown(wait=True)
+                    journal_ended()
+                    raise
             counts = _counts(journal_mod.read(path))
         finding = conclude(counts, confidence)
         state = "done" if finding.decided else "budget_exhausted"

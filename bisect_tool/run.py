@@ -17,7 +17,7 @@ import secrets
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -627,16 +627,27 @@ class Loop:
                     pool.submit(self._evaluate, tier, evaluator, c, lid): position
                     for position, c, lid in work
                 }
+                recorded: set[Future[Observation]] = set()
                 try:
                     # journal each lifetime as it comes back, not in submission order
                     for fut in as_completed(futures):
                         self._record(tier, fut.result(), futures[fut])
+                        recorded.add(fut)
                 except BaseException:
                     # Ctrl-C or a failed lifetime: stop the others now (e.g. cancel their
                     # Ray tasks), not after the pool has waited for them all.
                     cancel = getattr(evaluator, "cancel", None)
                     if cancel is not None:
                         cancel()
+                        raise
+                    # Nothing can stop them: the pool waits for each lifetime, which ends as it
+                    # would have, so it is an observation like any other and is journaled
+                    # before the exception goes on (a SIGTERM lost finished lifetimes otherwise)
+                    pool.shutdown(wait=True)
+                    for fut, position in futures.items():
+                        if fut not in recorded and not fut.cancelled() \
+                                and fut.exception() is None:
+                            self._record(tier, fut.result(), position)
                     raise
 
     def _evaluate(

@@ -22,7 +22,6 @@ from bisect_tool.recipe import SearchSettings
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, Priors
 from bisect_tool.tiers import (
     NARROW_END_RUNS,
-    NARROW_POINT_MASS,
     MixturePrior,
     Phase,
     Sides,
@@ -30,6 +29,7 @@ from bisect_tool.tiers import (
     confirm_sides,
     disagreement,
     mixture_prior,
+    narrow_priors,
     stand_in_probability,
 )
 from bisect_tool.values import Direction, Observation, SearchState, Verdict, short
@@ -361,19 +361,17 @@ def narrow_kind(header: dict[str, Any]) -> str:
 
 
 def narrow_strategy(size: int, direction: Direction, settings: SearchSettings) -> BayesianStrategy:
-    """The fast probe's search. Its probe is meant to be deterministic (the op check gives the
-    same rows every time: vLLM #51187 measured 16/32 and 32/32 differing cases on v0.26.0, 0/32
-    on v0.27.0), so the prior puts most of p's mass at 1 and one run a candidate is the rule;
-    if it is in fact intermittent, its flip is only where the confirm step looks, and the
-    confirm step's faithful lifetimes catch a wrong one."""
+    """The fast probe's search: a deterministic probe (``tiers.narrow_priors``), one run a
+    candidate. If it is in fact intermittent, its flip is only where the confirm step looks,
+    and the confirm step's faithful lifetimes catch a wrong one."""
     strategy = BayesianStrategy(
         size,
         direction,
         costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
         confidence=settings.confidence,
-        priors=Priors(end_doubt=settings.end_doubt, p_point_mass=NARROW_POINT_MASS),
+        priors=narrow_priors(settings.end_doubt),
     )
-    strategy.repeat_ends = False
+    strategy.deterministic = True
     strategy.bad_end_lifetimes = 1
     return strategy
 
@@ -459,6 +457,17 @@ def _narrow_step(state: State) -> Step:
         state.settings, max_end_lifetimes=min(state.settings.max_end_lifetimes, NARROW_END_RUNS)
     )
     runs = state.runs[Tier.NARROW]
+    kind = narrow_kind(state.header) or "fast"
+    contradiction = narrow.self_contradiction() if narrow.deterministic else None
+    if contradiction is not None:
+        # The op check runs fixed inputs: a clean run on the bad side of a divergent one is the
+        # probe failing its premise (a flaky check, say), and a posterior that explains it with
+        # false alarms would only send it on to run every candidate. Hand over at once.
+        clean, divergent = (state.candidates[i] for i in contradiction)
+        return Switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
+            f"the {kind} probe contradicted itself (the bug at {divergent.label}, none at "
+            f"{clean.label} nearer the bad end): it does not behave deterministically for this "
+            "bug here; going on with lifetimes over the whole range, every observation kept")})
     reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe")
     if reason is None and not narrow.counts.total.any() and len(narrow.counts.untestable) >= 2:
         # Two candidates in a row the fast probe could not run, and none it could: it cannot
@@ -469,7 +478,6 @@ def _narrow_step(state: State) -> Step:
     if reason is None:
         return Run(Tier.NARROW)
     end, message = reason
-    kind = narrow_kind(state.header) or "fast"
     if end is EndState.DONE:
         sides = confirm_sides(narrow, state.strategy)
         block, mass = narrow.top_block()

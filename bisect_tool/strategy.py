@@ -200,8 +200,10 @@ class BayesianStrategy:
         self.retired: set[int] = set()
         #: positions whose artifacts are at hand although this search has not run them yet
         self.artifacts_ready: set[int] = set()
-        #: parallel slots at an end run the same end again (False for a deterministic probe)
-        self.repeat_ends = True
+        #: a deterministic probe (the op check: fixed inputs, the same rows in every run): a
+        #: candidate's first conclusive run is its answer, so no candidate is run twice and
+        #: parallel slots split the posterior instead of repeating a candidate
+        self.deterministic = False
         #: lifetimes at the bad end before the search leaves it (BAD_END_LIFETIMES)
         self.bad_end_lifetimes = self.BAD_END_LIFETIMES
         self._bb_p = _BetaBinomial(self.priors.p_alpha, self.priors.p_beta)
@@ -377,6 +379,26 @@ class BayesianStrategy:
             return "good"
         if not_bad >= threshold:
             return "bad"
+        return None
+
+    def self_contradiction(self) -> tuple[int, int] | None:
+        """(clean, divergent) positions that no single flip explains without a false alarm or a
+        missed bug: a clean run at least as near the bad end as a divergent one. None when every
+        observation fits one flip. For a deterministic probe this is the probe failing its
+        premise, not evidence about the flip."""
+        d, t = self.counts.divergent, self.counts.total
+        clean = [i for i in range(self.n + 1) if t[i] > d[i]]
+        divergent = [i for i in range(self.n + 1) if d[i]]
+        if not clean or not divergent:
+            return None
+
+        def to_bad_end(i: int) -> int:
+            return abs(self.bad_end - i)
+
+        nearest_clean = min(clean, key=to_bad_end)
+        farthest_divergent = max(divergent, key=to_bad_end)
+        if to_bad_end(nearest_clean) <= to_bad_end(farthest_divergent):
+            return nearest_clean, farthest_divergent
         return None
 
     def _block_ids(self) -> np.ndarray:
@@ -710,6 +732,12 @@ class BayesianStrategy:
             positions = sorted(
                 i for i in only if i not in self.counts.untestable and i not in self.retired
             )
+        if self.deterministic:
+            # A second run would repeat the first one's answer; the candidates that can still
+            # tell the flip apart are the nearest ones not yet run. Next to a bracketed flip the
+            # model's small false-alarm rate leaves ~1e-3 on the flip lying further back, which
+            # one more run beside the bracket settles (the demo at 80 commits stopped here).
+            positions = sorted({j for i in positions for j in self._nearest_unrun(i)})
         if not positions:
             return []
         one = (Plan(1),)
@@ -733,6 +761,19 @@ class BayesianStrategy:
                 best_of.append(best)
         return sorted(best_of, key=lambda c: -c.rate)
 
+    def _nearest_unrun(self, position: int) -> tuple[int, ...]:
+        """``position`` if it has not run, else the nearest testable candidates on each side
+        of it that have not."""
+        def usable(i: int) -> bool:
+            return (not self.counts.total[i] and i not in self.counts.untestable
+                    and i not in self.retired)
+
+        if usable(position):
+            return (position,)
+        below = next((i for i in range(position - 1, -1, -1) if usable(i)), None)
+        above = next((i for i in range(position + 1, self.n + 1) if usable(i)), None)
+        return tuple(i for i in (below, above) if i is not None)
+
     def select_batch(self, slots: int, within: tuple[int, int] | None = None) -> list[Choice]:
         """Work for ``slots`` lifetimes at once (several GPUs): the best choice first, with as
         many of its planned lifetimes as fit, then the next best positions, one lifetime each.
@@ -745,11 +786,9 @@ class BayesianStrategy:
             return [first]
         if within is not None:
             return self._confirm_batch(first, slots, within)
+        if self.deterministic:
+            return self._split_batch(first, slots)
         if first.reason.startswith(("check", "the bad end", "estimate")):
-            if not self.repeat_ends:
-                # a deterministic probe learns nothing from a second run at the same end: the
-                # other end takes the next slot, then the best other candidates
-                return self._spread(first, slots)
             # the ends: more lifetimes of the same end are exactly what is needed
             return [Choice(first.position, min(slots, max(first.lifetimes, slots)), first.reason)]
         batch = [Choice(first.position, min(first.lifetimes, slots), first.reason, first.rate)]
@@ -785,21 +824,38 @@ class BayesianStrategy:
         del bad
         return [Choice(pos, n, reasons[pos]) for pos, n in counts.items()]
 
-    def _spread(self, first: Choice, slots: int) -> list[Choice]:
-        batch = [Choice(first.position, 1, first.reason)]
-        _, good = self.effective_ends()
-        if good is not None and good != first.position and not self.counts.total[good]:
-            batch.append(Choice(good, 1, "check the good end (parallel)"))
-        taken = {c.position for c in batch}
-        if len(batch) < slots and self.counts.total[self.bad_end] and good is not None \
-                and self.counts.total[good]:
+    def _split_batch(self, first: Choice, slots: int) -> list[Choice]:
+        """Slots for a deterministic probe: the ends not yet run, then candidates that cut the
+        flip's posterior into equal parts, so that k runs at once narrow the range (k + 1)-fold
+        rather than 2-fold, as k neighbours of the best single split would (nearly the same
+        answer k times); no candidate runs twice."""
+        batch: list[Choice] = []
+        taken: set[int] = set()
+
+        def add(position: int, reason: str) -> None:
+            batch.append(Choice(position, 1, reason))
+            taken.add(position)
+
+        bad, good = self.effective_ends()
+        for end, name in ((bad, "bad"), (good, "good")):
+            if end is not None and not self.counts.total[end] and len(batch) < slots:
+                add(end, f"check the {name} end")
+        free = slots - len(batch)
+        if free > 0:
+            post = self.posterior()
+            cdf = np.cumsum(post) / max(float(post.sum()), 1e-300)
+            # testing position i separates the flips f <= i from f > i (1-based hypotheses)
+            for j in range(1, free + 1):
+                i = int(np.searchsorted(cdf, j / (free + 1))) + 1
+                if 0 < i < self.n and i not in taken and not self.counts.total[i] \
+                        and i not in self.counts.untestable and i not in self.retired:
+                    add(i, "split the range")
             for choice in self._ranked():
                 if len(batch) >= slots:
                     break
                 if choice.position not in taken and choice.rate > 1e-9:
-                    batch.append(Choice(choice.position, 1, choice.reason + " (parallel)"))
-                    taken.add(choice.position)
-        return batch
+                    add(choice.position, choice.reason)
+        return batch or [first]
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bisect_tool.strategy import BayesianStrategy
+from bisect_tool.strategy import BayesianStrategy, Priors
 from bisect_tool.values import Direction
 
 
@@ -59,11 +59,21 @@ class Phase(enum.StrEnum):
 #: by the stopping threshold, not by this), but a lot of it: at 0.95 a valid stand-in was left
 #: in 1 of 200 simulated runs at p = 0.5, for the few lifetimes more that 0.99 asks
 DISAGREE_AT = 0.99
-#: the fast probe must show the bug at the bad end within this many runs: a stand-in that is
-#: itself intermittent is not worth narrowing with (the faithful search takes over)
-NARROW_END_RUNS = 4
-#: the fast probe's prior probability that it shows the bug in every run on the bad side
-NARROW_POINT_MASS = 0.9
+#: runs of the fast probe at the bad end: it is deterministic (below), so a clean run there means
+#: it cannot show this bug, and the faithful search takes over
+NARROW_END_RUNS = 1
+
+
+def narrow_priors(end_doubt: float) -> Priors:
+    """The fast probe's model: deterministic. The op check runs fixed inputs through the
+    candidate's kernels, so a second run repeats the first one's rows (vLLM #51187: 16/32 and
+    32/32 differing cases on v0.26.0, 0/32 on v0.27.0, the same in every run). It shows the
+    bug in every run on its bad side (p = 1) and all but never on its good side (a false
+    alarm's prior mean 1e-4), so one run settles a candidate and 2 runs at once split the range
+    in three. A stand-in that is in fact flaky at worst brackets a wrong flip; the confirm
+    step's lifetimes are scored with 1 - stand_in_prior of the prior off that flip, and catch
+    it (``bisect simulate --stand-in-wrong``)."""
+    return Priors(end_doubt=end_doubt, p_point_mass=1.0, q_alpha=0.005, q_beta=50.0)
 
 
 @dataclass(frozen=True)

@@ -160,3 +160,61 @@ def test_locate_on_the_python_side_regression_says_python_side(tmp_path: Path) -
     assert cells["python=bad,compiled=good"]["divergent"] > 0  # v0.27.0's model.py: the bug
     assert cells["python=good,compiled=bad"]["divergent"] == 0  # v0.27.0's kernel: nothing
     assert "bisect start --good v0.26.0 --bad v0.27.0 --recipe" in found["next"]
+
+
+def test_a_lifetime_that_ends_after_a_sigterm_is_journaled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU call's deadline (SIGTERM) stops the wait, not a lifetime already running in its
+    thread: the lifetime ends as it would have, and its verdict is in the journal when
+    ``bisect locate`` stops, so the next call resumes with it (it was lost on the H100)."""
+    import concurrent.futures
+    import os
+    import signal
+    import threading
+    import time
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+    from typing import Any
+
+    from gitrepos import linear
+
+    from bisect_tool import locate as locate_mod
+    from bisect_tool.errors import AbortError
+    from bisect_tool.locate import LocateRequest
+    from bisect_tool.matrix import Side
+    from bisect_tool.recipe import Recipe
+    from bisect_tool.values import Observation, Verdict
+
+    repo = linear(tmp_path / "repo", 2)
+
+    class DeadlineMidLifetime:
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            assert waiting.wait(30)  # the run waits for this lifetime
+            os.kill(os.getpid(), signal.SIGTERM)  # the deadline, while the probe runs
+            time.sleep(0.3)  # the lifetime goes on to its end
+            return Observation(commit, Verdict.DIVERGENT, lifetime_id, {}, "", 0.6)
+
+    @contextmanager
+    def evaluators(*args: Any) -> Iterator[tuple[dict[Side, Any], int, None]]:
+        one = DeadlineMidLifetime()
+        yield {Side.GOOD: one, Side.BAD: one}, 1, None
+
+    waiting = threading.Event()
+
+    def as_completed(futures: Any) -> Any:
+        waiting.set()
+        return concurrent.futures.as_completed(futures)
+
+    monkeypatch.setattr(locate_mod, "_evaluators", evaluators)
+    monkeypatch.setattr(locate_mod, "as_completed", as_completed)
+    request = LocateRequest(repo.main[1], repo.main[0],
+                            Recipe("t").override("probe", controls=False), tmp_path / "state",
+                            repo=repo.path)
+    with pytest.raises(AbortError, match="SIGTERM"):
+        locate_mod.locate(request)
+    journal = [json.loads(line)
+               for line in (tmp_path / "state" / "locate.jsonl").read_text().splitlines()]
+    seen = [e for e in journal if e["type"] == "observation"]
+    assert [(e["lifetime_id"], e["verdict"]) for e in seen] == [
+        ("locate-bad-py-bad-c-0", "divergent")]

@@ -305,3 +305,53 @@ def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
     ids = [o["lifetime_id"] for o in read(path).observations]
     assert len(ids) == len(set(ids))
     assert peak[0] == 3  # the slots were used at once
+
+
+def test_lifetimes_that_end_after_a_sigterm_are_journaled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several slots, and a SIGTERM (a GPU call's deadline) while their lifetimes run: the run
+    stops, but each lifetime already running ends as it would have and is in the journal, so
+    `bisect resume` does not run it again."""
+    import concurrent.futures
+    import threading
+
+    from bisect_tool import run as run_mod
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.run import Evaluators, Loop
+    from bisect_tool.runtime.common import sigterm_raises
+    from bisect_tool.values import Direction, Observation, Verdict
+
+    shas = [f"{i:040x}" for i in range(1, 21)]
+    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
+                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    waiting = threading.Event()
+
+    def as_completed(futures: object) -> object:
+        waiting.set()
+        return concurrent.futures.as_completed(futures)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run_mod, "as_completed", as_completed)
+
+    class DeadlineMidLifetime:
+        def prepare(self, commits: object) -> None:
+            return None
+
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            assert waiting.wait(30)  # the loop waits for the slots
+            if lifetime_id.endswith("-0"):
+                os.kill(os.getpid(), signal.SIGTERM)  # the deadline, while the probes run
+            time.sleep(0.3)  # each lifetime goes on to its end
+            return Observation(commit, Verdict.DIVERGENT, lifetime_id)
+
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng))
+        state = session.replay(read(path))
+        with pytest.raises(AbortError, match="SIGTERM"), sigterm_raises():
+            Loop(journal, state, Evaluators(DeadlineMidLifetime(), parallel=3)).run()
+    seen = read(path).observations
+    assert len(seen) == 3 and {o["verdict"] for o in seen} == {"divergent"}
+    assert len({o["lifetime_id"] for o in seen}) == 3

@@ -18,7 +18,7 @@ import pytest
 from bisect_tool import session
 from bisect_tool.journal import Journal, read
 from bisect_tool.range import Candidate, CommitRange
-from bisect_tool.recipe import Recipe
+from bisect_tool.recipe import Recipe, SearchSettings
 from bisect_tool.run import Evaluators, Loop
 from bisect_tool.strategy import BayesianStrategy
 from bisect_tool.tiers import DISAGREE_AT, Phase, Tier, mixture_prior, stand_in_probability
@@ -51,6 +51,8 @@ class Scripted:
         self.seconds = seconds
         self.detail = detail or {}
         self.calls: list[str] = []
+        #: fixed answers for some candidates (True: divergent), whatever ``flip`` says
+        self.outcomes: dict[str, bool] = {}
 
     def prepare(self, commits: object) -> None:
         return None
@@ -58,7 +60,7 @@ class Scripted:
     def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
         self.calls.append(commit)
         bad = self.shas.index(commit) < self.flip
-        divergent = bad and self.rng.random() < self.p
+        divergent = self.outcomes.get(commit, bad and self.rng.random() < self.p)
         detail = {"timing": {"artifacts_s": 0.0}, **self.detail.get(commit, {})}
         return Observation(commit, Verdict.DIVERGENT if divergent else Verdict.CLEAN,
                            lifetime_id, detail, "", self.seconds)
@@ -154,7 +156,8 @@ def test_a_fast_probe_that_never_shows_the_bug_hands_over_to_lifetimes(tmp_path:
     assert [p["phase"] for p in phase] == ["faithful"]
     assert "could not narrow" in phase[0]["message"] and "never showed the bug" in phase[0][
         "message"]
-    assert len(narrow.calls) == 4  # NARROW_END_RUNS at the bad end, then it stops asking
+    # the op check is deterministic: one clean run at the bad end says it cannot show this bug
+    assert len(narrow.calls) == 1
     assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
 
 
@@ -321,3 +324,96 @@ def read_header(rng: CommitRange) -> Any:
     from bisect_tool.journal import JournalContents
 
     return JournalContents(_header(rng, narrow=""), ())
+
+
+def test_the_deterministic_fast_probe_runs_each_candidate_once_and_splits_in_three(
+    tmp_path: Path,
+) -> None:
+    """The op check gives the same rows in every run: with two slots it runs the two ends, then
+    two candidates at a time that cut the range in three, never one candidate twice."""
+    rng = _range(120)
+    shas = [c.sha for c in rng.candidates]
+    flip = 71
+    narrow = Scripted(shas, flip, 1.0)
+    faithful = Scripted(shas, flip, 0.5, seed=3)
+    summary, path = _run(tmp_path, rng, narrow, faithful, parallel=2, confidence=0.99)
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
+    assert len(narrow.calls) == len(set(narrow.calls))
+    # 2 ends + 2 a round over a range that shrinks 3-fold a round (120 -> 1 in 5 rounds);
+    # neighbours of one split (the old batch) took 2 a round over a 2-fold shrink: 16
+    assert len(narrow.calls) <= 12
+    first_split = {shas.index(c) for c in narrow.calls[2:4]}
+    assert all(30 <= i <= 90 for i in first_split) and max(first_split) - min(first_split) > 20
+
+
+def test_a_bracketed_flip_short_of_the_threshold_runs_a_neighbour_not_the_lifetimes() -> None:
+    """The demo at 80 commits: the op check bracketed the fix between two adjacent candidates,
+    but the model's false-alarm rate leaves ~1e-3 on the flip lying further back, short of
+    0.9995. A deterministic probe may not rerun the bracket, so the next run is the nearest
+    candidate not yet run, not a fall-back to lifetimes over the whole range."""
+    narrow = session.narrow_strategy(32, Direction.FIX, SearchSettings(confidence=0.999))
+    for position, divergent in [(31, False), (0, True), (11, True), (18, False), (25, False),
+                                (12, False), (13, False), (14, False), (16, False)]:
+        narrow.record(position, divergent)
+    narrow.mark_untestable(21)
+    assert narrow.top_block()[0] == (12,) and not narrow.done()
+    batch = narrow.select_batch(2)
+    assert 10 in {c.position for c in batch}
+    assert not {c.position for c in batch} & {0, 11, 12, 13, 14, 16, 18, 21, 25, 31}
+    narrow.record(10, True)
+    assert narrow.top_block()[0] == (12,) and narrow.done()
+
+
+def test_the_fast_probe_hands_every_flip_of_a_short_range_to_the_confirm_step(
+    tmp_path: Path,
+) -> None:
+    """Wherever the flip lies, a deterministic fast probe narrows to it and the confirm step
+    runs lifetimes only beside it (no fall-back for want of a candidate to run)."""
+    rng = _range(32)
+    shas = [c.sha for c in rng.candidates]
+    for flip in range(1, 32):
+        narrow = Scripted(shas, flip, 1.0)
+        faithful = Scripted(shas, flip, 0.5, seed=flip)
+        summary, path = _run(tmp_path / str(flip), rng, narrow, faithful, parallel=2,
+                             confidence=0.999)
+        assert summary["state"] == "done" and summary["flip_commit"] == shas[flip], flip
+        phases = [p["phase"] for p in read(path).of_type("phase")]
+        assert phases == ["confirm"], (flip, phases)
+        assert set(faithful.calls) <= {shas[flip - 1], shas[flip]}, flip
+
+
+def test_a_flaky_fast_probe_costs_lifetimes_not_the_answer(tmp_path: Path) -> None:
+    """An op check that only shows the bug 60 % of the time brackets a wrong flip; the
+    confirm step's lifetimes catch it and the answer is still the bug's flip."""
+    rng = _range(60)
+    shas = [c.sha for c in rng.candidates]
+    paths = set()
+    for seed in range(30, 40):  # seeded: the same runs every time
+        narrow = Scripted(shas, 41, 0.6, seed=seed)
+        faithful = Scripted(shas, 41, 0.7, seed=10 + seed)
+        summary, path = _run(tmp_path / str(seed), rng, narrow, faithful, parallel=2,
+                             confidence=0.99)
+        assert summary["state"] == "done" and summary["flip_commit"] == shas[41], seed
+        paths.add(tuple(p["phase"] for p in read(path).of_type("phase")))
+        # a self-contradiction hands over when it shows, not after running every candidate
+        assert len(narrow.calls) <= 12, (seed, len(narrow.calls))
+    # a quiet bad end or a contradiction hands over at once; a right bracket is confirmed; a
+    # wrong one is confirmed against and left
+    assert paths == {("faithful",), ("confirm",), ("confirm", "faithful")}
+
+
+def test_a_fast_probe_that_contradicts_itself_hands_over_in_one_line(tmp_path: Path) -> None:
+    """The op check shows the bug at a candidate past the fix (13) and none at the fix (12),
+    nearer the bad end: no single flip explains that, so the run says so and goes on with
+    lifetimes at once."""
+    rng = _range(20)
+    shas = [c.sha for c in rng.candidates]
+    narrow = Scripted(shas, 12, 1.0)
+    narrow.outcomes = {shas[13]: True}
+    faithful = Scripted(shas, 12, 0.7, seed=3)
+    summary, path = _run(tmp_path, rng, narrow, faithful, parallel=2, confidence=0.99)
+    assert {shas[12], shas[13]} <= set(narrow.calls)
+    phases = read(path).of_type("phase")
+    assert [p["phase"] for p in phases] == ["faithful"]
+    assert "contradicted itself" in phases[0]["message"]
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
