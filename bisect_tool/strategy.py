@@ -761,17 +761,18 @@ class BayesianStrategy:
                 best_of.append(best)
         return sorted(best_of, key=lambda c: -c.rate)
 
+    def _unrun(self, i: int) -> bool:
+        """Candidate ``i`` can run and has not (what a deterministic probe may run next)."""
+        return (not self.counts.total[i] and i not in self.counts.untestable
+                and i not in self.retired)
+
     def _nearest_unrun(self, position: int) -> tuple[int, ...]:
         """``position`` if it has not run, else the nearest testable candidates on each side
         of it that have not."""
-        def usable(i: int) -> bool:
-            return (not self.counts.total[i] and i not in self.counts.untestable
-                    and i not in self.retired)
-
-        if usable(position):
+        if self._unrun(position):
             return (position,)
-        below = next((i for i in range(position - 1, -1, -1) if usable(i)), None)
-        above = next((i for i in range(position + 1, self.n + 1) if usable(i)), None)
+        below = next((i for i in range(position - 1, -1, -1) if self._unrun(i)), None)
+        above = next((i for i in range(position + 1, self.n + 1) if self._unrun(i)), None)
         return tuple(i for i in (below, above) if i is not None)
 
     def select_batch(self, slots: int, within: tuple[int, int] | None = None) -> list[Choice]:
@@ -847,8 +848,7 @@ class BayesianStrategy:
             # testing position i separates the flips f <= i from f > i (1-based hypotheses)
             for j in range(1, free + 1):
                 i = int(np.searchsorted(cdf, j / (free + 1))) + 1
-                if 0 < i < self.n and i not in taken and not self.counts.total[i] \
-                        and i not in self.counts.untestable and i not in self.retired:
+                if 0 < i < self.n and i not in taken and self._unrun(i):
                     add(i, "split the range")
             for choice in self._ranked():
                 if len(batch) >= slots:
