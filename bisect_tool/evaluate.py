@@ -76,6 +76,9 @@ class RunCommandEvaluator:
     def prepare(self, commits: Sequence[str]) -> None:
         return None
 
+    def cancel(self) -> int:
+        return 0  # the command's process group ends with the lifetime
+
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
         started = time.monotonic()
         from bisect_tool import runprobe
@@ -178,6 +181,9 @@ class _ArtifactEvaluator:
 
     def prepare(self, commits: Sequence[str]) -> None:
         self.provider.prefetch(commits, {c: self.tags.get(c, ()) for c in commits})
+
+    def cancel(self) -> int:
+        return 0  # a local lifetime or op check runs to its end (the backend stops servers)
 
     def _swap(self, commit: str, tags: Sequence[str]) -> SwapSet:
         return self.provider.get(commit, tags)

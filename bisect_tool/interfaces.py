@@ -79,8 +79,13 @@ class RuntimeBackend(Protocol):
         from the pinned stack's."""
         ...
 
-    def cleanup_stale(self) -> int:
-        """Remove what an earlier crash left (containers by label, process groups); count."""
+    def cleanup_stale(self, session: str | None = None) -> int:
+        """Remove what an earlier crash of ``session`` (default: this backend's) left
+        (containers by label, process groups); how many."""
+        ...
+
+    def close(self) -> int:
+        """Stop every lifetime still running (another thread's, on Ctrl-C); how many."""
         ...
 
 
@@ -102,6 +107,11 @@ class Evaluator(Protocol):
 
     def prepare(self, commits: Sequence[str]) -> None:
         """Hint: these candidates may come next (prefetch their artifacts)."""
+        ...
+
+    def cancel(self) -> int:
+        """Stop the lifetimes in flight where that can be done (Ray tasks); how many were
+        stopped. 0: they run to their end (a local process, a container)."""
         ...
 
 

@@ -18,32 +18,22 @@ import dataclasses
 import shlex
 import uuid
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bisect_tool import journal as journal_mod
-from bisect_tool.errors import AbortError, UsageError
-from bisect_tool.events import LifetimeEnded, LifetimeStarted, Note, Observer, ignore, notes_to
-from bisect_tool.matrix import (
-    CELLS,
-    GG,
-    MEANING,
-    Cell,
-    CellCounts,
-    Explanation,
-    Finding,
-    Side,
-    conclude,
-    next_cell,
-)
+from bisect_tool.designs.locate import LocateDesign
+from bisect_tool.engine import ControlsFor, Engine, journaled
+from bisect_tool.errors import NoAnswer, UsageError
+from bisect_tool.events import Note, Observer, ignore, notes_to
+from bisect_tool.interfaces import Evaluator
+from bisect_tool.matrix import CELLS, GG, MEANING, Cell, CellCounts, Explanation, Finding, Side
 from bisect_tool.range import Candidate
 from bisect_tool.recipe import Recipe
-from bisect_tool.runtime.common import likely_cause
-from bisect_tool.values import Observation, Verdict, short
-from bisect_tool.verdict import Evidence, evidence
+from bisect_tool.values import short
+from bisect_tool.verdict import EndState
 
 LOCATE_JOURNAL = "locate.jsonl"
 
@@ -113,28 +103,6 @@ def _ends(request: LocateRequest) -> tuple[Candidate, Candidate]:
 # -- the journal ------------------------------------------------------------------------------
 
 
-def _counts(contents: journal_mod.JournalContents) -> dict[Cell, CellCounts]:
-    counts: dict[Cell, CellCounts] = {cell: CellCounts() for cell in CELLS}
-    for obs in contents.observations:
-        cell = Cell.from_key(str(obs.get("cell")))
-        c = counts[cell]
-        seen = evidence(Verdict(obs["verdict"]))
-        if seen is Evidence.BUG or seen is Evidence.NO_BUG:
-            counts[cell] = CellCounts(c.divergent + (seen is Evidence.BUG), c.total + 1,
-                                      c.untestable)
-        elif seen is Evidence.CANNOT_RUN and not c.total:
-            # the first line says what failed, the last of a log tail why (the whole tail
-            # stays in the journal)
-            message = str(obs.get("message") or "?")
-            first, _, log_tail = message.partition("\n")
-            why = first.strip() or "?"
-            if log_tail.strip() and "log tail" in why:
-                why = f"{why.split('; log tail')[0]}: {likely_cause(log_tail)}"
-            why = why[:300]
-            counts[cell] = CellCounts(c.divergent, c.total, why)
-    return counts
-
-
 def _header(request: LocateRequest, good: Candidate, bad: Candidate) -> dict[str, Any]:
     return {
         "type": "header",
@@ -163,16 +131,12 @@ def _header(request: LocateRequest, good: Candidate, bad: Candidate) -> dict[str
 @contextmanager
 def _evaluators(
     request: LocateRequest, good: Candidate, bad: Candidate, session: str, observer: Observer
-) -> Iterator[tuple[dict[Side, Any], int, Any]]:
+) -> Iterator[tuple[dict[str, Evaluator], int, ControlsFor]]:
     """A server evaluator per Python side (one backend each, pinned to that side's stack), the
     slots that may run at once, and the controls runner of the good end's own pair."""
-    from bisect_tool.artifacts import make_provider
     from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
-    from bisect_tool.evaluate import ControlsRunner, ServerEvaluator
-    from bisect_tool.probes.server import ServerDeterminismProbe
-    from bisect_tool.runtime import make_backend
-    from bisect_tool.runtime.gpus import GpuPool
     from bisect_tool.runtime.weights import resolve_weights
+    from bisect_tool.wiring import open_provider, open_sides, side_recipe
 
     recipe = compiled_only(resolve_weights(request.recipe, progress=notes_to(observer)))
     if recipe.runtime.backend != "local":
@@ -180,14 +144,13 @@ def _evaluators(
             "bisect locate boots each (Python side, compiled side) pair with the local backend; "
             "drop --backend (containers pin one image's Python side)"
         )
-    log_dir = request.state_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = request.state_dir
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
     tags = {good.sha: good.tags, bad.sha: bad.tags}
-    repo = request.repo if request.repo is not None else request.state_dir
-    with ExitStack() as stack:
-        provider = stack.enter_context(make_provider(
-            recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session
-        ))
+    repo = request.repo if request.repo is not None else state_dir
+    with open_provider(
+        recipe, repo, log_dir=state_dir / "logs", session=session, observer=observer
+    ) as provider:
         cache = ArtifactCache(default_cache_dir(recipe.artifacts.cache_dir))
         sides = {
             side: _python_side(request, cache, provider, end, side)
@@ -195,29 +158,13 @@ def _evaluators(
         }
         for side, path in sides.items():
             observer(Note(f"{side} end's Python side: {path}"))
-        pool = GpuPool(recipe.runtime.gpus, per_gpu=recipe.runtime.lifetimes_per_gpu)
-        model = recipe.runtime.model or None
-
-        def probe_factory(sequential: bool) -> Any:
-            return ServerDeterminismProbe(recipe.probe, model=model, sequential=sequential)
-
-        evaluators: dict[Side, Any] = {}
-        for side, path in sides.items():
-            settings = dataclasses.replace(recipe.runtime, pinned_package_dir=str(path))
-            backend = make_backend(settings, session=session, log_dir=log_dir)
-            stack.callback(backend.close)
-            backend.cleanup_stale(session)
-            evaluator = ServerEvaluator(
-                provider, backend, probe_factory, session=session, log_dir=log_dir, tags=tags,
-                gpu_lease=pool.lease,
-            )
-            evaluator.observer = observer
-            evaluators[side] = evaluator
-        controls = ControlsRunner(
-            evaluators[Side.GOOD], good.sha, recipe.probe.invariance_env, tags,
-            attempts=recipe.probe.control_attempts,
-        )
-        yield evaluators, pool.size, controls
+        recipes = {str(side): side_recipe(recipe, path) for side, path in sides.items()}
+        with open_sides(
+            recipes, provider, repo=repo, state_dir=state_dir, session=session, tags=tags,
+            observer=observer,
+        ) as (evaluators, slots):
+            arms = {name: e.faithful for name, e in evaluators.items()}
+            yield arms, slots, evaluators[str(Side.GOOD)].controls_for
 
 
 def compiled_only(recipe: Recipe) -> Recipe:
@@ -278,8 +225,6 @@ def _release_wheel(request: LocateRequest, provider: Any, end: Candidate) -> Pat
 
 def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome:
     """Run (or resume) the swap matrix to an answer or its budget."""
-    from bisect_tool.runtime.common import sigterm_raises
-
     request.state_dir.mkdir(parents=True, exist_ok=True)
     path = request.state_dir / LOCATE_JOURNAL
     good, bad = _ends(request)
@@ -298,110 +243,24 @@ def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome
         journal_mod.create(path, _header(request, good, bad))
         contents = journal_mod.read(path)
     session = str(contents.header["session"])
-    confidence = request.recipe.search.confidence
-    counts = _counts(contents)
-    lifetimes = len(contents.observations)
-    # lifetime ids go on from the journal's: a resumed locate never reuses one
-    issued: dict[str, int] = {}
-    for entry in contents.of_type("observation"):
-        issued[str(entry.get("cell"))] = issued.get(str(entry.get("cell")), 0) + 1
-    with journal_mod.Journal(path) as journal, sigterm_raises(), _evaluators(
+    with journaled(path) as journal, _evaluators(
         request, good, bad, session, observer
-    ) as (evaluators, slots, controls):
-        if request.recipe.probe.controls and not contents.of_type("controls"):
-            observer(Note("running the controls on the good end's own pair"))
-            entry = journal.append(controls.run())
-            if not entry.get("ok"):
-                journal.append({"type": "end", "state": "controls_failed",
-                                "message": str(entry.get("problem", ""))})
-                raise AbortError(
-                    f"controls failed, so a CLEAN would mean nothing: {entry.get('problem')}"
-                )
-        ends = {Side.GOOD: good, Side.BAD: bad}
-        # each lifetime that ends, in the order they end (list.append is atomic)
-        ended: list[tuple[Cell, Observation]] = []
-
-        def one(item: tuple[Cell, str]) -> None:
-            cell, lid = item
-            end = ends[cell.compiled]
-            observer(LifetimeStarted(end.sha, lid))
-            seen: Observation = evaluators[cell.python].evaluate(end.sha, lid, end.tags)
-            ended.append((cell, seen))
-            observer(LifetimeEnded(end.sha, lid, str(seen.verdict), seen.message,
-                                   seen.duration_s, seen.detail))
-
-        journaled = 0
-
-        def journal_ended() -> None:
-            nonlocal journaled, lifetimes
-            for cell, obs in ended[journaled:]:
-                journal.append({
-                    "type": "observation", "cell": cell.key, "lifetime_id": obs.lifetime_id,
-                    "commit": obs.commit, "position": 0 if cell.compiled is Side.GOOD else 1,
-                    "verdict": str(obs.verdict), "detail": obs.detail,
-                    "message": obs.message, "duration_s": round(obs.duration_s, 3),
-                })
-                journaled += 1
-                lifetimes += 1
-
-        while True:
-            finding = conclude(counts, confidence)
-            if finding.decided:
-                break
-            batch = _batch(counts, slots, request.lifetimes_per_cell)
-            if not batch:
-                break
-            work: list[tuple[Cell, str]] = []
-            for cell in batch:
-                n = issued.get(cell.key, 0)
-                issued[cell.key] = n + 1
-                work.append((cell, f"locate-{cell.python}-py-{cell.compiled}-c-{n}"))
-
-            with ThreadPoolExecutor(max_workers=len(work)) as pool:
-                try:
-                    futures = [pool.submit(one, item) for item in work]
-                    for fut in as_completed(futures):
-                        fut.result()  # a lifetime that raised stops the run here
-                        journal_ended()
-                except BaseException:
-                    # A SIGTERM (a GPU call's deadline) stops this wait, not the lifetimes: they
-                    # run in the pool's threads, which the pool waits for, and end as they would
-                    # have. One that ends is an observation like any other, so it is journaled
-                    # before the exception goes on (on the lent H100 a finished divergent
-                    # lifetime was printed, then lost, and run again by the next call).
-                    pool.shutdown(wait=True)
-                    journal_ended()
-                    raise
-            counts = _counts(journal_mod.read(path))
-        finding = conclude(counts, confidence)
-        state = "done" if finding.decided else "budget_exhausted"
-        journal.append({
-            "type": "end", "state": state,
-            "message": f"{finding.explanation}: {finding.probability:.4f}",
-            "finding": {"explanation": str(finding.explanation),
-                        "probability": finding.probability,
-                        "posterior": {str(k): v for k, v in finding.posterior.items()},
-                        "decided": finding.decided,
-                        "tied": [str(t) for t in finding.tied]},
-        })
-    return LocateOutcome(finding, counts, good, bad, lifetimes,
-                         next_step(finding, request, good, bad, counts), path)
-
-
-def _batch(counts: Mapping[Cell, CellCounts], slots: int, per_cell: int) -> list[Cell]:
-    """Up to ``slots`` cells for lifetimes at once: the best next cell, then the next best of
-    the others, scored as if the earlier picks had run with no outcome yet."""
-    batch: list[Cell] = []
-    pending = dict(counts)
-    for _ in range(max(1, slots)):
-        cell = next_cell(pending, per_cell)
-        if cell is None:
-            break
-        batch.append(cell)
-        c = pending.get(cell, CellCounts())
-        # a pending lifetime fills its place in the budget (and the "each cell first" order)
-        pending[cell] = CellCounts(c.divergent, c.total + 1, c.untestable)
-    return batch
+    ) as (arms, slots, controls_for):
+        design = LocateDesign(
+            good, bad, confidence=request.recipe.search.confidence,
+            lifetimes_per_cell=request.lifetimes_per_cell, slots=slots,
+            controls=request.recipe.probe.controls,
+        )
+        for entry in contents.entries:
+            design.apply(entry)
+        finish = Engine(
+            journal, design, arms, parallel=slots, controls_for=controls_for, observer=observer
+        ).run()
+    if finish.state is EndState.CONTROLS_FAILED:
+        raise NoAnswer(finish.message)
+    finding = design.finding()
+    return LocateOutcome(finding, design.counts, good, bad, len(design.observations),
+                         next_step(finding, request, good, bad, design.counts), path)
 
 
 def next_step(

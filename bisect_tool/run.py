@@ -1,14 +1,12 @@
-"""The run owner: one bisect from the range to its end (environment -> controls -> loop -> end).
+"""The run owner: one bisect from the range to its end.
 
 ``start`` resolves the range and writes the journal's header; ``resume`` continues a journal
-(that is all a run is: replaying the journal and going on). ``probe_commit`` runs one candidate
-the way a bisect evaluates it. The CLIs (``bisect start/resume``, ``bisect probe --commit``,
-``bisect demo``) only parse flags, call these, and print; the Ray driver is the evaluator
-``open_evaluator`` makes for ``backend = "ray"``.
-
-Every journal entry goes through ``State.apply`` as it is written, so what the run decides from
-and what a later replay rebuilds are the same. Progress goes to an observer as events
-(``bisect_tool.events``); the run never prints.
+(that is all a run is: replaying the journal and going on): the environment entry, then the
+bisect design (``designs.bisect``: controls, the tiers, the end) carried out by the one engine
+(``bisect_tool.engine``) with the evaluators the recipe describes (``bisect_tool.wiring``).
+``probe_commit`` runs one candidate the way a bisect evaluates it. The CLIs (``bisect
+start/resume``, ``bisect probe --commit``, ``bisect demo``) only parse flags, call these, and
+print. Progress goes to an observer as events (``bisect_tool.events``); the run never prints.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import secrets
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,57 +22,25 @@ from typing import Any
 
 from bisect_tool import journal as journal_mod
 from bisect_tool import session
-from bisect_tool.errors import AbortError, StateError, UsageError
-from bisect_tool.evaluate import ControlsRunner, OpEvaluator, RunCommandEvaluator, ServerEvaluator
+from bisect_tool.designs.bisect import BisectDesign, next_manual_candidate
+from bisect_tool.engine import Engine, journaled
+from bisect_tool.errors import StateError, UsageError
 from bisect_tool.events import (
-    CandidateChosen,
     ControlsEnded,
     LifetimeEnded,
     LifetimeStarted,
     Note,
     Observer,
-    PosteriorMoved,
-    RunEnded,
     RunStarted,
     ignore,
-    notes_to,
 )
-from bisect_tool.interfaces import Evaluator, ServerProbe
+from bisect_tool.journal import Journal
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe
-from bisect_tool.strategy import NoCandidateLeft
-from bisect_tool.tiers import Phase, Tier
-from bisect_tool.values import Direction, Observation, Verdict, short
+from bisect_tool.tiers import Tier
+from bisect_tool.values import Direction, Observation, ProbeKind, Verdict, short
 from bisect_tool.verdict import EndState, aggregate, trusted
-
-ControlsFactory = Callable[[str], "ControlsRunner | Any | None"]
-
-
-def _no_controls(_sha: str) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Evaluators:
-    """What a recipe's run evaluates with: its own probe (``faithful``), the fast stand-in that
-    narrows first (``narrow``, for ``[probe] narrow``), how many lifetimes run at once, and a
-    factory for the controls runner of a commit."""
-
-    faithful: Evaluator
-    parallel: int = 1
-    controls_for: ControlsFactory = _no_controls
-    narrow: Evaluator | None = None
-
-    def for_tier(self, tier: Tier) -> Evaluator:
-        if tier is Tier.NARROW:
-            if self.narrow is None:
-                raise UsageError(
-                    "this run narrows with a fast probe, but its backend has none (the op "
-                    "probe runs with the local or docker backend)"
-                )
-            return self.narrow
-        return self.faithful
-
+from bisect_tool.wiring import Evaluators, command_evaluator, open_evaluators
 
 #: (recipe, repo, session, state dir, tags, observer) -> the evaluators, closed on exit
 EvaluatorFactory = Callable[
@@ -136,115 +101,13 @@ class StartRequest:
     carried: Carried | None = None
 
 
-# -- the evaluator a recipe describes
-
-
-@contextmanager
-def open_evaluator(
-    recipe: Recipe,
-    repo_path: Path,
-    session_id: str,
-    state_dir: Path,
-    tags: Mapping[str, Sequence[str]],
-    observer: Observer = ignore,
-) -> Iterator[Evaluators]:
-    """The evaluators a recipe describes, with everything they opened closed on exit."""
-    from bisect_tool.artifacts import make_provider
-    from bisect_tool.probes.op import OpProbe
-    from bisect_tool.probes.server import ServerDeterminismProbe
-    from bisect_tool.runtime import make_backend
-    from bisect_tool.runtime.gpus import GpuPool
-    from bisect_tool.runtime.weights import resolve_weights
-
-    progress = notes_to(observer)
-    log_dir = state_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    recipe = resolve_weights(recipe, progress=progress)
-    with make_provider(
-        recipe.artifacts, repo_path, log_dir=log_dir, progress=progress, session=session_id
-    ) as provider:
-        if recipe.probe.kind == "op":
-            op = OpProbe(recipe.probe, python=recipe.runtime.python or None)
-            op_evaluator = OpEvaluator(provider, op, recipe.runtime.env, tags)
-            op_evaluator.observer = observer
-            yield Evaluators(op_evaluator)
-            return
-        if recipe.runtime.backend == "ray":
-            # Lifetimes are Ray tasks; as many run at once as the cluster has free GPUs.
-            from bisect_tool.runtime.ray_backend import ray_evaluator
-
-            with ray_evaluator(
-                provider, recipe, session=session_id, tags=tags, progress=progress
-            ) as ray_eval:
-                narrow_here = None
-                if recipe.probe.narrow == "op":
-                    # The fast probe runs here, on the driver, on the same artifacts; the
-                    # cluster's lifetimes gate the candidates they run.
-                    progress("the op check narrows here, on the driver; lifetimes run on Ray")
-                    narrow_here = OpEvaluator(
-                        provider, OpProbe(recipe.probe, python=recipe.runtime.python or None),
-                        recipe.runtime.env, tags,
-                    )
-                    narrow_here.observer = observer
-                # Its controls runner has ControlsRunner's interface: run() -> the journal entry.
-                yield Evaluators(ray_eval, ray_eval.parallel, ray_eval.controls_for, narrow_here)
-            return
-        backend = make_backend(recipe.runtime, session=session_id, log_dir=log_dir)
-        try:
-            backend.cleanup_stale(session_id)
-            pool = GpuPool(recipe.runtime.gpus, per_gpu=recipe.runtime.lifetimes_per_gpu)
-            model = recipe.runtime.model or None
-
-            def probe_factory(sequential: bool) -> ServerProbe:
-                return ServerDeterminismProbe(recipe.probe, model=model, sequential=sequential)
-
-            evaluator = ServerEvaluator(
-                provider,
-                backend,
-                probe_factory,
-                session=session_id,
-                log_dir=log_dir,
-                tags=tags,
-                gpu_lease=pool.lease,
-            )
-            evaluator.observer = observer
-
-            def controls_for(commit: str) -> ControlsRunner:
-                return ControlsRunner(
-                    evaluator,
-                    commit,
-                    recipe.probe.invariance_env,
-                    tags,
-                    attempts=recipe.probe.control_attempts,
-                )
-
-            narrow = None
-            if recipe.probe.narrow == "op":
-                # The fast stand-in: the op check on the same artifacts (one cache), under the
-                # pinned interpreter. It also asks the gate whether the faithful tier could run
-                # each candidate, so the confirm step never picks one the pinned stack rejects.
-                narrow = OpEvaluator(
-                    provider,
-                    OpProbe(recipe.probe, python=recipe.runtime.python or None),
-                    recipe.runtime.env,
-                    tags,
-                    gate=backend.check_compatible,
-                )
-                narrow.observer = observer
-            yield Evaluators(evaluator, pool.size, controls_for, narrow)
-        finally:
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
-
-
 # -- start / resume
 
 
 def start(
     request: StartRequest,
     observer: Observer = ignore,
-    evaluator_factory: EvaluatorFactory = open_evaluator,
+    evaluator_factory: EvaluatorFactory = open_evaluators,
 ) -> Outcome:
     """Resolve the range, write the journal's header, and run to the end (or, in manual mode,
     to the first candidate to judge)."""
@@ -440,13 +303,12 @@ def _continue_to_commits(
 def resume(
     journal_path: Path,
     observer: Observer = ignore,
-    evaluator_factory: EvaluatorFactory = open_evaluator,
+    evaluator_factory: EvaluatorFactory = open_evaluators,
     *,
     _range: CommitRange | None = None,
 ) -> Outcome:
     """Continue the run the journal describes, from where it stopped."""
     from bisect_tool import recipe as recipe_mod
-    from bisect_tool.runtime.common import sigterm_raises
 
     settle_handover(journal_path)
     contents = journal_mod.read(journal_path)
@@ -457,21 +319,21 @@ def resume(
         return onward if onward is not None else _outcome(state)
     mode = header.get("mode", "manual")
     if mode == "manual":
-        return _outcome(state, next_candidate=session.next_manual_candidate(state))
+        return _outcome(state, next_candidate=next_manual_candidate(state))
     observer(RunStarted(len(state.candidates), str(state.direction), len(state.seen_lifetimes)))
     end_leftovers(Path(header["repo"]) if header.get("repo") else None, journal_path.parent,
                   str(header.get("session", "")), observer)
-    with journal_mod.Journal(journal_path) as journal, sigterm_raises():
+    with journaled(journal_path) as journal:
         if mode == "run":
-            evaluator: Evaluator = RunCommandEvaluator(
-                Path(header["repo"]),
+            evaluator = command_evaluator(
                 header["run_command"],
                 float(header.get("run_timeout") or 0),
+                repo=Path(header["repo"]),
                 state_dir=journal_path.parent,
                 session=str(header.get("session", "")),
-                progress=notes_to(observer),
+                observer=observer,
             )
-            Loop(journal, state, evaluator, observer=observer).run()
+            bisect_loop(journal, state, Evaluators(evaluator), observer=observer)
             return _outcome(state)
         recipe = recipe_mod.from_dict_loose(header["recipe"])
         tags = {c.sha: c.tags for c in state.candidates}
@@ -480,10 +342,34 @@ def resume(
             recipe, repo, header["session"], journal_path.parent, tags, observer
         ) as evaluators:
             _environment(journal, state, contents, recipe)
-            _controls(journal, state, recipe, evaluators.controls_for, observer)
-            Loop(journal, state, evaluators, observer=observer).run()
+            bisect_loop(
+                journal, state, evaluators, observer=observer,
+                controls=recipe.probe.controls and evaluators.has_controls,
+            )
     onward = _continue_to_commits(journal_path, state, observer, evaluator_factory)
     return onward if onward is not None else _outcome(state)
+
+
+def bisect_loop(
+    journal: Journal,
+    state: session.State,
+    evaluators: Evaluators,
+    *,
+    observer: Observer = ignore,
+    controls: bool = False,
+) -> dict[str, Any]:
+    """The bisect design run by the engine to its end; the summary there."""
+    if state.tiered and evaluators.narrow is None:
+        raise UsageError(
+            "this run narrows with a fast probe, but its backend has none (the op probe runs "
+            "with the local, docker or ray backend)"
+        )
+    design = BisectDesign(state, slots=evaluators.parallel, controls=controls)
+    Engine(
+        journal, design, evaluators.arms(), parallel=evaluators.parallel,
+        controls_for=evaluators.controls_for, observer=observer,
+    ).run()
+    return state.summary()
 
 
 def end_leftovers(
@@ -501,13 +387,8 @@ def end_leftovers(
     return ended
 
 
-def _append(journal: journal_mod.Journal, state: session.State, entry: dict[str, Any]) -> None:
-    """Every entry the run writes is applied as written: a replay rebuilds the same state."""
-    state.apply(journal.append(entry))
-
-
 def _environment(
-    journal: journal_mod.Journal,
+    journal: Journal,
     state: session.State,
     contents: journal_mod.JournalContents,
     recipe: Recipe,
@@ -515,35 +396,7 @@ def _environment(
     from bisect_tool.runtime.environment import environment_facts
 
     if not any(e.get("type") == "environment" for e in contents.entries):
-        _append(journal, state, {"type": "environment", **environment_facts(recipe)})
-
-
-def _controls(
-    journal: journal_mod.Journal,
-    state: session.State,
-    recipe: Recipe,
-    controls_for: ControlsFactory,
-    observer: Observer,
-) -> None:
-    """The positive and negative controls on the good end, once per run; a run whose positive
-    control never diverged ends here: a CLEAN from that probe would mean nothing."""
-    if recipe.probe.controls and state.controls is None:
-        runner = controls_for(state.candidates[state.strategy.good_end].sha)
-        if runner is not None:
-            observer(Note("running the controls on the good end"))
-            _append(journal, state, runner.run())
-            assert state.controls is not None
-            observer(ControlsEnded(bool(state.controls.get("ok")), state.controls))
-    if state.controls is not None and not state.controls.get("ok", True):
-        positive = (state.controls.get("positive") or {}).get("verdict")
-        if positive != Verdict.DIVERGENT:
-            problem = str(state.controls.get("problem", ""))
-            _append(
-                journal,
-                state,
-                {"type": "end", "state": str(EndState.CONTROLS_FAILED), "message": problem},
-            )
-            raise AbortError(f"controls failed, so a CLEAN would mean nothing: {problem}")
+        state.apply(journal.append({"type": "environment", **environment_facts(recipe)}))
 
 
 def _outcome(state: session.State, next_candidate: Candidate | None = None) -> Outcome:
@@ -551,163 +404,6 @@ def _outcome(state: session.State, next_candidate: Candidate | None = None) -> O
     end = state.end or {}
     end_state = EndState(end["state"]) if end else EndState.RUNNING
     return Outcome(end_state, str(end.get("message", "")), summary, next_candidate)
-
-
-# -- the loop
-
-
-class Loop:
-    """Runs the search to the end, journaling each observation before the next step.
-
-    ``session.next_step`` decides what comes next (a tier's lifetimes, a phase entry of the
-    tiered search, or the end); the loop only carries it out."""
-
-    def __init__(
-        self,
-        journal: journal_mod.Journal,
-        state: session.State,
-        evaluators: Evaluators | Evaluator,
-        *,
-        observer: Observer = ignore,
-    ) -> None:
-        self.journal = journal
-        self.state = state
-        self.evaluators = (
-            evaluators if isinstance(evaluators, Evaluators) else Evaluators(evaluators)
-        )
-        self.parallel = max(1, self.evaluators.parallel)
-        self.observer = observer
-        self._durations: dict[Tier, list[float]] = {Tier.NARROW: [], Tier.FAITHFUL: []}
-
-    def run(self) -> dict[str, Any]:
-        state = self.state
-        while True:
-            step = session.next_step(state)
-            if isinstance(step, session.Stop):
-                return self._end(step.state, step.message)
-            if isinstance(step, session.Switch):
-                _append(self.journal, state, step.entry)
-                self.observer(Note(str(step.entry.get("message", ""))))
-                continue
-            tier = step.tier
-            strategy = state.strategy_for(tier)
-            # the run's own costs, as measured so far (the recipe's until then)
-            strategy.costs = state.measured_costs(tier)
-            try:
-                batch = strategy.select_batch(self.parallel, step.within)
-            except NoCandidateLeft as exc:
-                if tier is Tier.NARROW or step.within is not None:
-                    _append(self.journal, state, {
-                        "type": "phase", "phase": str(Phase.FAITHFUL),
-                        "message": f"the tiered search cannot go on ({exc}); going on with "
-                                   "lifetimes over the whole range",
-                    })
-                    continue
-                return self._end(EndState.NO_CANDIDATE, str(exc))
-            evaluator = self.evaluators.for_tier(tier)
-            work: list[tuple[int, Candidate, str]] = []
-            for choice in batch:
-                candidate = state.candidates[choice.position]
-                count = choice.lifetimes if self.parallel > 1 else 1
-                ids = state.next_lifetime_ids(candidate.sha, count, tier)
-                state.seen_lifetimes.update(ids)  # reserved until journaled, then re-added
-                work += [(choice.position, candidate, lid) for lid in ids]
-                self._chosen(tier, candidate, choice.reason, len(ids))
-            for _, _, lid in work:
-                state.seen_lifetimes.discard(lid)
-            hints = strategy.next_midpoints(batch[0].position)
-            if hints:
-                evaluator.prepare(sorted({state.candidates[p].sha for p in hints}))
-            if len(work) == 1:
-                position, candidate, lid = work[0]
-                self._record(tier, self._evaluate(tier, evaluator, candidate, lid), position)
-                continue
-            with ThreadPoolExecutor(max_workers=len(work)) as pool:
-                futures = {
-                    pool.submit(self._evaluate, tier, evaluator, c, lid): position
-                    for position, c, lid in work
-                }
-                recorded: set[Future[Observation]] = set()
-                try:
-                    # journal each lifetime as it comes back, not in submission order
-                    for fut in as_completed(futures):
-                        self._record(tier, fut.result(), futures[fut])
-                        recorded.add(fut)
-                except BaseException:
-                    # Ctrl-C or a failed lifetime: stop the others now (e.g. cancel their
-                    # Ray tasks), not after the pool has waited for them all.
-                    cancel = getattr(evaluator, "cancel", None)
-                    if cancel is not None:
-                        cancel()
-                        raise
-                    # Nothing can stop them: the pool waits for each lifetime, which ends as it
-                    # would have, so it is an observation like any other and is journaled
-                    # before the exception goes on (a SIGTERM lost finished lifetimes otherwise)
-                    pool.shutdown(wait=True)
-                    for fut, position in futures.items():
-                        if fut not in recorded and not fut.cancelled() \
-                                and fut.exception() is None:
-                            self._record(tier, fut.result(), position)
-                    raise
-
-    def _evaluate(
-        self, tier: Tier, evaluator: Evaluator, candidate: Candidate, lifetime_id: str
-    ) -> Observation:
-        done = self._durations[tier]
-        mean = sum(done) / len(done) if done else None
-        self.observer(LifetimeStarted(candidate.sha, lifetime_id, mean))
-        obs = evaluator.evaluate(candidate.sha, lifetime_id, candidate.tags)
-        self.observer(
-            LifetimeEnded(
-                obs.commit, lifetime_id, str(obs.verdict), obs.message, obs.duration_s, obs.detail
-            )
-        )
-        return obs
-
-    def _record(self, tier: Tier, obs: Observation, position: int) -> None:
-        _append(self.journal, self.state, session.observation_entry(obs, position, tier))
-        if obs.duration_s:
-            self._durations[tier].append(obs.duration_s)
-        s = self.state.strategy_for(tier)
-        block, mass = s.top_block()
-        self.observer(
-            PosteriorMoved(
-                len(self.state.seen_lifetimes),
-                len(s.credible_set(0.99)),
-                self.state.candidates[block[0]].sha,
-                mass,
-            )
-        )
-
-    def _chosen(self, tier: Tier, candidate: Candidate, reason: str, lifetimes: int) -> None:
-        s = self.state.strategy_for(tier)
-        block, mass = s.top_block()
-        self.observer(
-            CandidateChosen(
-                candidate.sha,
-                candidate.subject,
-                reason,
-                lifetimes,
-                int(s.counts.total.sum()),
-                len(s.credible_set(0.99)),
-                self.state.candidates[block[0]].sha,
-                mass,
-                str(tier) if self.state.tiered else "",
-            )
-        )
-
-    def _end(self, state_name: EndState, message: str) -> dict[str, Any]:
-        summary = session.finish(self.journal, self.state, state_name, message)
-        self.observer(
-            RunEnded(
-                str(state_name),
-                message,
-                tuple(summary["flip_block"]),
-                float(summary["confidence"]),
-                int(summary["evaluations"]),
-            )
-        )
-        return summary
 
 
 # -- one candidate, as a bisect evaluates it
@@ -734,19 +430,19 @@ def probe_commit(
     controls: bool,
     state_dir: Path | None,
     observer: Observer = ignore,
-    evaluator_factory: EvaluatorFactory = open_evaluator,
+    evaluator_factory: EvaluatorFactory = open_evaluators,
 ) -> CommitProbe:
     from bisect_tool.range import open_repo, resolve_ref
     from bisect_tool.runtime.common import sigterm_raises
 
     if lifetimes == 0 and not controls:
         raise UsageError("--lifetimes 0 probes nothing; give --lifetimes 1 or more, or --controls")
-    if recipe.probe.kind not in ("server", "op"):
+    if recipe.probe.kind not in (ProbeKind.SERVER, ProbeKind.OP):
         raise UsageError(
             f"recipe {recipe.name!r} has [probe] kind {recipe.probe.kind!r}; --commit needs a "
             "server or op probe (for a command, use `bisect start --run`)"
         )
-    if controls and recipe.probe.kind != "server":
+    if controls and recipe.probe.kind != ProbeKind.SERVER:
         raise UsageError("--controls needs a server probe; the op probe has no controls")
     git_repo = open_repo(repo_path)
     sha = resolve_ref(git_repo, ref)

@@ -191,11 +191,15 @@ def _run_bayes(
 def _run_tiered(
     h: _History, fast: _History, s: _Settings
 ) -> tuple[int, float, int]:
-    """The tiered search as ``bisect_tool.run.Loop`` drives it (``session.next_step`` decides);
-    returns (reported flip, reported confidence, fast probe runs)."""
+    """The tiered search as a run does it: the bisect design (``designs.bisect``), driven by
+    ``designs.drive`` instead of the engine; returns (reported flip, reported confidence, fast
+    probe runs)."""
     from bisect_tool import session
+    from bisect_tool.designs import Item, drive
+    from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.journal import JournalContents
     from bisect_tool.tiers import Tier
+    from bisect_tool.values import Observation, Verdict
 
     shas = [f"{i:040x}" for i in range(h.n + 1)]
     header: dict[str, object] = {
@@ -209,36 +213,23 @@ def _run_tiered(
     }
     state = session.replay(JournalContents(header, ()))
     runs = 0
-    while True:
-        step = session.next_step(state)
-        if isinstance(step, session.Stop):
-            if step.state is EndState.ENDS_CONTRADICT:
-                contradicted = state.strategy.contradicted_end()
-                found = GOOD_END_CONTRADICTED if contradicted == "good" else BAD_END_CONTRADICTED
-                return found, 0.0, runs
-            break
-        if isinstance(step, session.Switch):
-            state.apply(step.entry)
-            continue
-        strategy = state.strategy_for(step.tier)
-        try:
-            choice = strategy.select(step.within)
-        except NoCandidateLeft:
-            if step.tier is Tier.FAITHFUL and step.within is None:
-                break
-            state.apply({"type": "phase", "phase": "faithful", "message": "none left"})
-            continue
-        narrow = step.tier is Tier.NARROW
-        history = fast if narrow else h
-        bug = history.run(choice.position)
+
+    def evaluate(item: Item) -> Observation:
+        nonlocal runs
+        position, tier = item.key
+        narrow = tier is Tier.NARROW
+        bug = (fast if narrow else h).run(position)
         runs += narrow
-        state.apply({
-            "type": "observation", "lifetime_id": f"{step.tier}-{runs}-{h.lifetimes}",
-            "commit": shas[choice.position], "position": choice.position,
-            "verdict": "divergent" if bug else "clean", "tier": str(step.tier),
-        })
         if narrow:
-            h.candidates.add(choice.position)  # its artifact is paid for once, for both tiers
+            h.candidates.add(position)  # its artifact is paid for once, for both tiers
+        return Observation(item.commit, Verdict.DIVERGENT if bug else Verdict.CLEAN,
+                           item.lifetime_id)
+
+    finish = drive(BisectDesign(state), evaluate)
+    if finish.state is EndState.ENDS_CONTRADICT:
+        contradicted = state.strategy.contradicted_end()
+        found = GOOD_END_CONTRADICTED if contradicted == "good" else BAD_END_CONTRADICTED
+        return found, 0.0, runs
     block, mass = state.strategy.top_block()
     return block[0], mass, runs
 

@@ -9,7 +9,8 @@ the report all call these functions, so they cannot disagree about a candidate.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from bisect_tool.values import Verdict
 
@@ -88,3 +89,18 @@ def trusted(verdict: Verdict, controls_ok: bool | None) -> tuple[Verdict, str]:
     if verdict is Verdict.CLEAN and controls_ok is False:
         return Verdict.INCONCLUSIVE, "the controls failed, so clean lifetimes are not evidence"
     return verdict, ""
+
+
+def controls_problem(controls: Mapping[str, Any] | None) -> str:
+    """Why the controls stop the run ("" when they do not): the positive control never
+    diverged, so the probe was not shown able to see the bug and a CLEAN would mean nothing
+    (vLLM issue 51187: on dummy weights every lifetime of the buggy build was clean). A failed
+    negative control alone does not stop the run (the probe can see divergence); the report
+    shows both controls."""
+    if controls is None or controls.get("ok", True):
+        return ""
+    positive = (controls.get("positive") or {}).get("verdict")
+    if positive == Verdict.DIVERGENT:
+        return ""
+    problem = str(controls.get("problem", "")) or "the positive control did not diverge"
+    return f"controls failed, so a CLEAN would mean nothing: {problem}"

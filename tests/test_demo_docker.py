@@ -23,7 +23,7 @@ from bisect_tool import recipe as recipe_mod
 from bisect_tool.demo import image, pinned
 from bisect_tool.demo.cli import write_recipe
 from bisect_tool.demo.history import generate
-from bisect_tool.run import open_evaluator
+from bisect_tool.wiring import open_evaluators
 from bisect_tool.runtime.common import LABEL_SESSION, LABEL_TOOL, TOOL_NAME
 from bisect_tool.values import Verdict
 
@@ -77,7 +77,7 @@ def test_one_lifetime_in_a_container_serves_the_candidate_build(
     sha = history.planted_commit
     session = f"test-demo-docker-{secrets.token_hex(4)}"
     state = tmp_path / "state"
-    with open_evaluator(recipe, history.repo, session, state, {}) as evaluators:
+    with open_evaluators(recipe, history.repo, session, state, {}) as evaluators:
         evaluator = evaluators.faithful
         obs = evaluator.evaluate(sha, "lt-0")
         swap = evaluator._swap(sha, ())  # type: ignore[attr-defined]

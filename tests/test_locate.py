@@ -162,12 +162,14 @@ def test_locate_on_the_python_side_regression_says_python_side(tmp_path: Path) -
     assert "bisect start --good v0.26.0 --bad v0.27.0 --recipe" in found["next"]
 
 
-def test_a_lifetime_that_ends_after_a_sigterm_is_journaled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("slots", [1, 2])
+def test_a_sigterm_journals_every_lifetime_that_ended_and_none_half_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slots: int
 ) -> None:
-    """A GPU call's deadline (SIGTERM) stops the wait, not a lifetime already running in its
-    thread: the lifetime ends as it would have, and its verdict is in the journal when
-    ``bisect locate`` stops, so the next call resumes with it (it was lost on the H100)."""
+    """A GPU call's deadline (SIGTERM) in the middle of lifetimes, by the engine's one rule: a
+    lifetime on the run's own thread is stopped (nothing half-done is journaled); lifetimes in
+    worker threads, which nothing can stop, end as they would have and are journaled before the
+    run stops, so the next call resumes with them (one was printed, then lost, on the H100)."""
     import concurrent.futures
     import os
     import signal
@@ -179,35 +181,47 @@ def test_a_lifetime_that_ends_after_a_sigterm_is_journaled(
 
     from gitrepos import linear
 
+    from bisect_tool import engine as engine_mod
     from bisect_tool import locate as locate_mod
     from bisect_tool.errors import AbortError
     from bisect_tool.locate import LocateRequest
-    from bisect_tool.matrix import Side
     from bisect_tool.recipe import Recipe
     from bisect_tool.values import Observation, Verdict
 
     repo = linear(tmp_path / "repo", 2)
+    waiting = threading.Event()
+    started: list[str] = []
+    lock = threading.Lock()
 
     class DeadlineMidLifetime:
+        def prepare(self, commits: object) -> None:
+            return None
+
+        def cancel(self) -> int:
+            return 0
+
         def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
-            assert waiting.wait(30)  # the run waits for this lifetime
-            os.kill(os.getpid(), signal.SIGTERM)  # the deadline, while the probe runs
-            time.sleep(0.3)  # the lifetime goes on to its end
+            with lock:
+                started.append(lifetime_id)
+                first = len(started) == 1
+            if slots > 1:
+                assert waiting.wait(30)  # the run waits for its slots
+            if first:
+                os.kill(os.getpid(), signal.SIGTERM)  # the deadline, while the probes run
+            time.sleep(0.3)  # a lifetime in a worker thread goes on to its end
             return Observation(commit, Verdict.DIVERGENT, lifetime_id, {}, "", 0.6)
 
     @contextmanager
-    def evaluators(*args: Any) -> Iterator[tuple[dict[Side, Any], int, None]]:
+    def evaluators(*args: Any) -> Iterator[tuple[dict[str, Any], int, Any]]:
         one = DeadlineMidLifetime()
-        yield {Side.GOOD: one, Side.BAD: one}, 1, None
-
-    waiting = threading.Event()
+        yield {"good": one, "bad": one}, slots, None
 
     def as_completed(futures: Any) -> Any:
         waiting.set()
         return concurrent.futures.as_completed(futures)
 
     monkeypatch.setattr(locate_mod, "_evaluators", evaluators)
-    monkeypatch.setattr(locate_mod, "as_completed", as_completed)
+    monkeypatch.setattr(engine_mod, "as_completed", as_completed)
     request = LocateRequest(repo.main[1], repo.main[0],
                             Recipe("t").override("probe", controls=False), tmp_path / "state",
                             repo=repo.path)
@@ -215,6 +229,9 @@ def test_a_lifetime_that_ends_after_a_sigterm_is_journaled(
         locate_mod.locate(request)
     journal = [json.loads(line)
                for line in (tmp_path / "state" / "locate.jsonl").read_text().splitlines()]
-    seen = [e for e in journal if e["type"] == "observation"]
-    assert [(e["lifetime_id"], e["verdict"]) for e in seen] == [
-        ("locate-bad-py-bad-c-0", "divergent")]
+    seen = [(e["lifetime_id"], e["verdict"]) for e in journal if e["type"] == "observation"]
+    if slots == 1:
+        assert seen == []  # stopped where it ran: not an observation
+    else:
+        assert sorted(seen) == sorted((lid, "divergent") for lid in started)
+        assert len(seen) == 2

@@ -265,7 +265,7 @@ def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
     from bisect_tool import session
     from bisect_tool.journal import Journal, read
     from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Evaluators, Loop
+    from bisect_tool.run import Evaluators, bisect_loop
     from bisect_tool.values import Direction, Observation, Verdict
 
     shas = [f"{i:040x}" for i in range(1, 41)]
@@ -284,6 +284,9 @@ def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
         def prepare(self, commits: object) -> None:
             return None
 
+        def cancel(self) -> int:
+            return 0
+
         def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
             with lock:
                 running[0] += 1
@@ -300,7 +303,7 @@ def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
     with Journal(path) as journal:
         journal.append(session.header_for(rng))
         state = session.replay(read(path))
-        summary = Loop(journal, state, Evaluators(Scripted(), parallel=3)).run()
+        summary = bisect_loop(journal, state, Evaluators(Scripted(), parallel=3))
     assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
     ids = [o["lifetime_id"] for o in read(path).observations]
     assert len(ids) == len(set(ids))
@@ -316,11 +319,11 @@ def test_lifetimes_that_end_after_a_sigterm_are_journaled(
     import concurrent.futures
     import threading
 
-    from bisect_tool import run as run_mod
+    from bisect_tool import engine as engine_mod
     from bisect_tool import session
     from bisect_tool.journal import Journal, read
     from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Evaluators, Loop
+    from bisect_tool.run import Evaluators, bisect_loop
     from bisect_tool.runtime.common import sigterm_raises
     from bisect_tool.values import Direction, Observation, Verdict
 
@@ -333,11 +336,14 @@ def test_lifetimes_that_end_after_a_sigterm_are_journaled(
         waiting.set()
         return concurrent.futures.as_completed(futures)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(run_mod, "as_completed", as_completed)
+    monkeypatch.setattr(engine_mod, "as_completed", as_completed)
 
     class DeadlineMidLifetime:
         def prepare(self, commits: object) -> None:
             return None
+
+        def cancel(self) -> int:
+            return 0  # nothing can stop them: each ends as it would have
 
         def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
             assert waiting.wait(30)  # the loop waits for the slots
@@ -351,7 +357,7 @@ def test_lifetimes_that_end_after_a_sigterm_are_journaled(
         journal.append(session.header_for(rng))
         state = session.replay(read(path))
         with pytest.raises(AbortError, match="SIGTERM"), sigterm_raises():
-            Loop(journal, state, Evaluators(DeadlineMidLifetime(), parallel=3)).run()
+            bisect_loop(journal, state, Evaluators(DeadlineMidLifetime(), parallel=3))
     seen = read(path).observations
     assert len(seen) == 3 and {o["verdict"] for o in seen} == {"divergent"}
     assert len({o["lifetime_id"] for o in seen}) == 3

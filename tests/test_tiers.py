@@ -19,7 +19,7 @@ from bisect_tool import session
 from bisect_tool.journal import Journal, read
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe, SearchSettings
-from bisect_tool.run import Evaluators, Loop
+from bisect_tool.run import Evaluators, bisect_loop
 from bisect_tool.strategy import BayesianStrategy
 from bisect_tool.tiers import DISAGREE_AT, Phase, Tier, mixture_prior, stand_in_probability
 from bisect_tool.values import Direction, Observation, Verdict
@@ -57,6 +57,9 @@ class Scripted:
     def prepare(self, commits: object) -> None:
         return None
 
+    def cancel(self) -> int:
+        return 0
+
     def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
         self.calls.append(commit)
         bad = self.shas.index(commit) < self.flip
@@ -72,7 +75,7 @@ def _run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any,
     with Journal(path) as journal:
         journal.append(_header(rng, **search))
         state = session.replay(read(path))
-        summary = Loop(journal, state, Evaluators(faithful, parallel, narrow=narrow)).run()
+        summary = bisect_loop(journal, state, Evaluators(faithful, parallel, narrow=narrow))
     return summary, path
 
 
@@ -186,7 +189,6 @@ def test_resume_in_the_confirm_step_carries_on_where_it_stopped(tmp_path: Path) 
     with Journal(path) as journal:
         journal.append(_header(rng))
         state = session.replay(read(path))
-        loop = Loop(journal, state, Evaluators(faithful, narrow=narrow))
 
         class Crash(Exception):
             pass
@@ -198,12 +200,12 @@ def test_resume_in_the_confirm_step_carries_on_where_it_stopped(tmp_path: Path) 
 
         faithful.evaluate = crash_after_two  # type: ignore[method-assign]
         with pytest.raises(Crash):
-            loop.run()
+            bisect_loop(journal, state, Evaluators(faithful, narrow=narrow))
     resumed = session.replay(read(path))
     assert resumed.phase is Phase.CONFIRM and resumed.runs[Tier.FAITHFUL] == 2
     faithful2 = Scripted(shas, 30, 0.5, seed=2)
     with Journal(path) as journal:
-        summary = Loop(journal, resumed, Evaluators(faithful2, narrow=narrow)).run()
+        summary = bisect_loop(journal, resumed, Evaluators(faithful2, narrow=narrow))
     assert summary["state"] == "done" and summary["flip_commit"] == shas[30]
     ids = [o["lifetime_id"] for o in read(path).observations]
     assert len(ids) == len(set(ids))

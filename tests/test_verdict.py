@@ -71,6 +71,9 @@ class _Replay:
     def prepare(self, commits: Sequence[str]) -> None:
         return None
 
+    def cancel(self) -> int:
+        return 0
+
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
         return Observation(commit, self.lifetimes.pop(0), lifetime_id, {}, "scripted")
 

@@ -1,0 +1,132 @@
+"""Designs: what to run next, decided from the journal alone. Pure: plain values in and out.
+
+A *design* is the part of a run that thinks: the bisect search over a range
+(``designs.bisect``), the 2x2 swap matrix of ``bisect locate`` (``designs.locate``), and
+whatever comes next. It is rebuilt from the journal entry by entry (``apply``) and, asked
+``next_step()``, answers with one of:
+
+- ``Work``: lifetimes to run now (several at once when there are slots), each an ``Item``;
+- ``Controls``: the positive and negative controls on one candidate, before any evidence counts;
+- ``Record``: an entry to journal as is (the tiered search moving to its next phase);
+- ``Finish``: the end state and its one-line message.
+
+The one engine (``bisect_tool.engine``) carries the steps out against real evaluators: it owns the
+journal, the parallel lifetimes, the signals and the progress events, and never decides anything
+itself. ``drive`` below carries them out against a plain function instead, with no journal and no
+threads: ``bisect simulate`` runs the very same designs that way, so a simulated search and a real
+one cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bisect_tool.events import Event
+from bisect_tool.values import Observation
+from bisect_tool.verdict import EndState
+
+
+@dataclass(frozen=True)
+class Item:
+    """One lifetime to run: which evaluator (``arm``), which candidate, its lifetime id, and the
+    design's own key for it (a position and tier, a cell), handed back with the observation."""
+
+    arm: str
+    commit: str
+    lifetime_id: str
+    tags: tuple[str, ...] = ()
+    key: Any = None
+
+
+@dataclass(frozen=True)
+class Work:
+    """Lifetimes to run now; ``prepare``: candidates that may come next (fetch their artifacts
+    meanwhile); ``events``: what to tell the observer before they start."""
+
+    items: tuple[Item, ...]
+    prepare: tuple[str, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True)
+class Controls:
+    """Run the controls on ``commit`` (with ``arm``'s evaluator) and journal their entry."""
+
+    commit: str
+    arm: str
+    note: str = "running the controls"
+
+
+@dataclass(frozen=True)
+class Record:
+    """Journal ``entry`` as it is, then decide again; ``note`` says why in one line."""
+
+    entry: dict[str, Any]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Finish:
+    state: EndState
+    message: str
+    extra: dict[str, Any] = field(default_factory=dict)  # more fields of the end entry
+
+
+Step = Work | Controls | Record | Finish
+
+
+class Design(Protocol):
+    """What the engine and ``drive`` need of a design."""
+
+    def apply(self, entry: dict[str, Any]) -> None:
+        """Take one journal entry into account (as written, or as replayed)."""
+        ...
+
+    def next_step(self) -> Step: ...
+
+    def observation_entry(self, item: Item, obs: Observation) -> dict[str, Any]:
+        """The journal entry of one finished lifetime."""
+        ...
+
+    def end_entry(self, finish: Finish) -> dict[str, Any]:
+        """The journal's ``end`` entry for ``finish`` (its summary included)."""
+        ...
+
+    def progress(self, item: Item) -> Event | None:
+        """What to tell the observer after ``item``'s observation was applied (or nothing)."""
+        ...
+
+
+#: what ``drive`` calls for each item: (item) -> its observation
+Evaluate = Callable[[Item], Observation]
+#: what ``drive`` calls for a ``Controls`` step: (commit) -> the controls entry
+RunControls = Callable[[str], dict[str, Any]]
+
+
+def drive(
+    design: Design,
+    evaluate: Evaluate,
+    controls: RunControls | None = None,
+    *,
+    max_steps: int = 1_000_000,
+) -> Finish:
+    """Carry a design out to its end against ``evaluate`` (no journal, no threads): the
+    simulation's engine. Entries are applied as the engine would journal them."""
+    for _ in range(max_steps):
+        step = design.next_step()
+        if isinstance(step, Finish):
+            design.apply(design.end_entry(step))
+            return step
+        if isinstance(step, Record):
+            design.apply(step.entry)
+            continue
+        if isinstance(step, Controls):
+            if controls is None:
+                raise ValueError("the design asked for controls, but none can run here")
+            design.apply(controls(step.commit))
+            continue
+        for item in step.items:
+            design.apply(design.observation_entry(item, evaluate(item)))
+    raise RuntimeError(f"the design did not finish in {max_steps} steps")

@@ -1,0 +1,358 @@
+"""The bisect design: the search over a range, as the journal has it so far. Pure.
+
+``BisectDesign`` wraps the search state rebuilt from the journal (``session.State``) and
+decides, from it alone, what the run does next: a tier's lifetimes (the fast probe's runs while
+it narrows, lifetimes on the two sides of its flip while they confirm it, lifetimes over the
+whole range otherwise), a phase entry when the tiered search moves on, the controls before any
+evidence counts, or the end with its reason. The engine (``bisect_tool.engine``) carries that
+out; ``designs.drive`` does the same for ``bisect simulate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from bisect_tool.designs import Controls, Finish, Item, Record, Step, Work
+from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
+from bisect_tool.range import Candidate
+from bisect_tool.recipe import SearchSettings
+from bisect_tool.session import State, narrow_kind, observation_entry
+from bisect_tool.strategy import BayesianStrategy, NoCandidateLeft
+from bisect_tool.tiers import NARROW_END_RUNS, Phase, Tier, confirm_sides, disagreement
+from bisect_tool.values import Direction, Observation, Verdict, short
+from bisect_tool.verdict import EndState, controls_problem
+
+#: the evaluators a bisect's items name: the recipe's own probe, and the fast one that narrows
+FAITHFUL = str(Tier.FAITHFUL)
+NARROW = str(Tier.NARROW)
+
+
+@dataclass(frozen=True)
+class _Lifetimes:
+    """Next: lifetimes of ``tier``, chosen ``within`` two candidates or over the range."""
+
+    tier: Tier
+    within: tuple[int, int] | None = None
+
+
+_Decision = _Lifetimes | Finish | Record
+
+
+def _switch(entry: dict[str, Any]) -> Record:
+    """A phase entry: the tiered search moves on (its message says why)."""
+    return Record(entry, str(entry.get("message", "")))
+
+
+class BisectDesign:
+    """The bisect as a design: ``apply`` journal entries, ask ``next_step``.
+
+    ``slots`` lifetimes may run at once; ``controls``: the run wants the positive and negative
+    controls (on the good end) before any lifetime counts."""
+
+    def __init__(self, state: State, *, slots: int = 1, controls: bool = False) -> None:
+        self.state = state
+        self.slots = max(1, slots)
+        self.controls = controls
+
+    # -- the Design protocol ----------------------------------------------------------------
+
+    def apply(self, entry: dict[str, Any]) -> None:
+        self.state.apply(entry)
+
+    def next_step(self) -> Step:
+        state = self.state
+        if self.controls and state.controls is None:
+            good = state.candidates[state.strategy.good_end]
+            return Controls(good.sha, FAITHFUL, "running the controls on the good end")
+        problem = controls_problem(state.controls)
+        if problem:
+            return Finish(EndState.CONTROLS_FAILED, problem)
+        decision = decide(state)
+        if not isinstance(decision, _Lifetimes):
+            return decision
+        return self._lifetimes(decision)
+
+    def observation_entry(self, item: Item, obs: Observation) -> dict[str, Any]:
+        position, tier = item.key
+        return observation_entry(obs, position, tier)
+
+    def end_entry(self, finish: Finish) -> dict[str, Any]:
+        return end_entry(self.state, finish.state, finish.message)
+
+    def progress(self, item: Item) -> Event | None:
+        s = self.state.strategy_for(item.key[1])
+        block, mass = s.top_block()
+        return PosteriorMoved(
+            len(self.state.seen_lifetimes),
+            len(s.credible_set(0.99)),
+            self.state.candidates[block[0]].sha,
+            mass,
+        )
+
+    # -- lifetimes --------------------------------------------------------------------------
+
+    def _lifetimes(self, decision: _Lifetimes) -> Step:
+        state, tier = self.state, decision.tier
+        strategy = state.strategy_for(tier)
+        # the run's own costs, as measured so far (the recipe's until then)
+        strategy.costs = state.measured_costs(tier)
+        try:
+            batch = strategy.select_batch(self.slots, decision.within)
+        except NoCandidateLeft as exc:
+            if tier is Tier.NARROW or decision.within is not None:
+                return _switch({
+                    "type": "phase", "phase": str(Phase.FAITHFUL),
+                    "message": f"the tiered search cannot go on ({exc}); going on with "
+                               "lifetimes over the whole range",
+                })
+            return Finish(EndState.NO_CANDIDATE, str(exc))
+        items: list[Item] = []
+        events: list[Event] = []
+        reserved: list[str] = []
+        for choice in batch:
+            candidate = state.candidates[choice.position]
+            count = choice.lifetimes if self.slots > 1 else 1
+            ids = state.next_lifetime_ids(candidate.sha, count, tier)
+            state.seen_lifetimes.update(ids)  # reserved while the batch is made
+            reserved += ids
+            items += [Item(str(tier), candidate.sha, lid, candidate.tags, (choice.position, tier))
+                      for lid in ids]
+            events.append(self._chosen(tier, candidate, choice.reason, len(ids)))
+        state.seen_lifetimes.difference_update(reserved)
+        hints = strategy.next_midpoints(batch[0].position)
+        prepare = tuple(sorted({state.candidates[p].sha for p in hints}))
+        return Work(tuple(items), prepare, tuple(events))
+
+    def _chosen(self, tier: Tier, candidate: Candidate, reason: str, lifetimes: int) -> Event:
+        s = self.state.strategy_for(tier)
+        block, mass = s.top_block()
+        return CandidateChosen(
+            candidate.sha,
+            candidate.subject,
+            reason,
+            lifetimes,
+            int(s.counts.total.sum()),
+            len(s.credible_set(0.99)),
+            self.state.candidates[block[0]].sha,
+            mass,
+            str(tier) if self.state.tiered else "",
+        )
+
+
+# -- what comes next, by phase ------------------------------------------------------------------
+
+
+def decide(state: State) -> _Decision:
+    """What the run does next: the one place that decides between the tiers' phases."""
+    if state.phase is Phase.NARROW:
+        return _narrow_step(state)
+    if state.phase is Phase.CONFIRM:
+        return _confirm_step(state)
+    reason = stop_reason(state)
+    return _Lifetimes(Tier.FAITHFUL) if reason is None else Finish(*reason)
+
+
+def _narrow_step(state: State) -> _Decision:
+    narrow = state.strategy_for(Tier.NARROW)
+    settings = dataclasses.replace(
+        state.settings, max_end_lifetimes=min(state.settings.max_end_lifetimes, NARROW_END_RUNS)
+    )
+    runs = state.runs[Tier.NARROW]
+    kind = narrow_kind(state.header) or "fast"
+    contradiction = narrow.self_contradiction() if narrow.deterministic else None
+    if contradiction is not None:
+        # The op check runs fixed inputs: a clean run on the bad side of a divergent one is the
+        # probe failing its premise (a flaky check, say), and a posterior that explains it with
+        # false alarms would only send it on to run every candidate. Hand over at once.
+        clean, divergent = (state.candidates[i] for i in contradiction)
+        return _switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
+            f"the {kind} probe contradicted itself (the bug at {divergent.label}, none at "
+            f"{clean.label} nearer the bad end): it does not behave deterministically for this "
+            "bug here; going on with lifetimes over the whole range, every observation kept")})
+    reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe")
+    if reason is None and not narrow.counts.total.any() and len(narrow.counts.untestable) >= 2:
+        # Two candidates in a row the fast probe could not run, and none it could: it cannot
+        # run here (no PyTorch for the op check, say), not a property of those candidates.
+        reason = (EndState.NO_CANDIDATE,
+                  f"it ran on none of {len(narrow.counts.untestable)} candidates; `bisect log` "
+                  "has its messages")
+    if reason is None:
+        return _Lifetimes(Tier.NARROW)
+    end, message = reason
+    if end is EndState.DONE:
+        sides = confirm_sides(narrow, state.strategy)
+        block, mass = narrow.top_block()
+        flip = state.candidates[block[0]]
+        if sides is not None:
+            bad, good = (state.candidates[sides.bad], state.candidates[sides.good])
+            return _switch({
+                "type": "phase",
+                "phase": str(Phase.CONFIRM),
+                "bad_side": sides.bad,
+                "good_side": sides.good,
+                "narrow_flip": flip.sha,
+                "narrow_confidence": mass,
+                "message": (
+                    f"the {kind} probe put the flip at {flip.label} ({mass:.1%}) in "
+                    f"{state.runs[Tier.NARROW]} runs; confirming with lifetimes on both sides: "
+                    f"{bad.label} (bug expected) and {good.label} (none expected)"
+                ),
+            })
+        message = "no candidate beside its flip can run with the faithful probe"
+    return _switch({
+        "type": "phase",
+        "phase": str(Phase.FAITHFUL),
+        "message": (
+            f"the {kind} probe could not narrow the range ({message}); going on with "
+            "lifetimes over the whole range"
+        ),
+    })
+
+
+def _confirm_step(state: State) -> _Decision:
+    s, sides = state.strategy, state.sides
+    assert sides is not None
+    budget = state.settings.max_evaluations
+    if sides.bad in s.counts.untestable or sides.good in s.counts.untestable:
+        moved = confirm_sides(state.strategy_for(Tier.NARROW), s)
+        if moved is not None and moved != sides:
+            bad, good = state.candidates[moved.bad], state.candidates[moved.good]
+            return _switch({
+                "type": "phase", "phase": str(Phase.CONFIRM),
+                "bad_side": moved.bad, "good_side": moved.good,
+                "message": (f"a side of the flip cannot run with the faithful probe; confirming "
+                            f"at {bad.label} and {good.label} instead"),
+            })
+        return _switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
+            "no candidate beside the fast probe's flip can run with the faithful probe; going "
+            "on with lifetimes over the whole range")})
+    # Both sides must have spoken: the prior alone (the fast probe's flip) is never the answer.
+    if s.counts.divergent[sides.bad] and s.counts.total[sides.good] and s.done():
+        return Finish(EndState.DONE, "the flip holds the asked confidence")
+    which = disagreement(s, sides)
+    d_bad, t_bad = int(s.counts.divergent[sides.bad]), int(s.counts.total[sides.bad])
+    if which is None and not d_bad and t_bad >= state.settings.max_end_lifetimes:
+        # With no divergence seen anywhere, clean lifetimes cannot rule out a rare bug: after as
+        # many as the bad end gets, the confirm step stops waiting for one.
+        which = "bad"
+    if which is not None:
+        pos = sides.bad if which == "bad" else sides.good
+        d, t = int(s.counts.divergent[pos]), int(s.counts.total[pos])
+        saw = (f"did not show the bug at {state.candidates[pos].label}, where the fast probe "
+               f"did ({d} of {t} lifetimes divergent)" if which == "bad" else
+               f"showed the bug at {state.candidates[pos].label}, where the fast probe did not "
+               f"({d} of {t} lifetimes divergent)")
+        return _switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
+            f"the faithful probe {saw}: the fast probe is not a stand-in for this bug here; "
+            "going on with lifetimes over the whole range, every observation kept")})
+    if state.runs[Tier.FAITHFUL] >= budget:
+        return Finish(EndState.BUDGET, f"budget of {budget} lifetimes exhausted")
+    return _Lifetimes(Tier.FAITHFUL, sides.as_tuple())
+
+
+def stop_reason(state: State) -> tuple[EndState, str] | None:
+    """Why the (faithful) search should stop now, if it should."""
+    return _stop_reason(
+        state, state.strategy, state.settings, state.runs[Tier.FAITHFUL], "lifetimes"
+    )
+
+
+def _stop_reason(
+    state: State,
+    s: BayesianStrategy,
+    settings: SearchSettings,
+    spent: int,
+    unit: str,
+) -> tuple[EndState, str] | None:
+    counts = s.counts
+    bad, good = s.effective_ends()
+    for end, name in ((bad, "bad"), (good, "good")):
+        if end is None:
+            nominal = s.bad_end if name == "bad" else s.good_end
+            return EndState.END_UNTESTABLE, (
+                f"the {name} end {state.candidates[nominal].label} is untestable and so is "
+                f"every candidate next to it; pick another --{name}"
+            )
+    assert bad is not None and good is not None
+    stand_in = "" if bad == s.bad_end else (
+        f" (standing in for the untestable bad end {state.candidates[s.bad_end].label})")
+    if (counts.divergent[bad] == 0 and counts.total[bad] >= settings.max_end_lifetimes
+            and not counts.divergent.any()):
+        return EndState.BAD_END_NEVER, (
+            f"the bad end {state.candidates[bad].label}{stand_in} never showed the bug in "
+            f"{counts.total[bad]} {unit}: nothing to bisect (check the recipe, or raise "
+            "max_end_lifetimes)"
+        )
+    contradicted = s.contradicted_end() if counts.total[bad] and counts.total[good] else None
+    if contradicted is not None:
+        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
+    if counts.total[bad] and counts.total[good] and s.done() and s.bug_shown():
+        return EndState.DONE, "the flip holds the asked confidence"
+    if spent >= settings.max_evaluations:
+        return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"
+    return None
+
+
+def ends_contradict_message(
+    state: State, end: str, strategy: BayesianStrategy | None = None
+) -> str:
+    """One line: which end, what it saw, what to do."""
+    s = strategy or state.strategy
+    bad, good = s.effective_ends()
+    pos = (good if end == "good" else bad)
+    if pos is None:
+        pos = s.good_end if end == "good" else s.bad_end
+    sha = state.candidates[pos].label
+    d, t = int(s.counts.divergent[pos]), int(s.counts.total[pos])
+    beyond, not_bad = s.end_doubts()
+    if end == "good":
+        older = "older" if state.direction is Direction.REGRESSION else "newer"
+        return (
+            f"the good end {sha} shows the bug ({d} of {t} lifetimes divergent; "
+            f"P = {beyond:.3f} that the flip lies beyond it): give an {older} --good, or check "
+            "that the probe can pass at all (a missing file or a broken command fails everywhere)"
+        )
+    return (
+        f"the bad end {sha} does not show the bug ({d} of {t} lifetimes divergent; P = "
+        f"{not_bad:.3f} that nothing in the range does): check the recipe reproduces it, or "
+        "give another --bad"
+    )
+
+
+def end_entry(state: State, state_name: EndState, message: str) -> dict[str, Any]:
+    """The ``end`` entry (so `status` reports the outcome and a new `start` is allowed), with
+    the summary at that point."""
+    summary = state.summary()
+    summary["state"] = str(state_name)
+    summary["message"] = message
+    slim = {k: v for k, v in summary.items() if k != "posterior"}
+    return {"type": "end", "state": str(state_name), "message": message, "summary": slim}
+
+
+# -- manual mode: `bisect good|bad|skip` ------------------------------------------------------
+
+
+def manual_entry(state: State, commit: str, verdict: Verdict, message: str = "manual") -> dict[
+        str, Any]:
+    """The observation entry of one verdict given by hand."""
+    position = next((i for i, c in enumerate(state.candidates) if c.sha == commit), None)
+    if position is None:
+        from bisect_tool.errors import UsageError
+
+        raise UsageError(f"{short(commit)} is not a candidate of this bisect; see `bisect log`")
+    obs = Observation(
+        commit, verdict, state.next_lifetime_ids(commit)[0], {"manual": True}, message
+    )
+    return observation_entry(obs, position)
+
+
+def next_manual_candidate(state: State) -> Candidate | None:
+    reason = stop_reason(state)
+    if reason is not None and reason[0] is not EndState.BAD_END_NEVER:
+        return None
+    try:
+        return state.candidates[state.strategy.select().position]
+    except NoCandidateLeft:
+        return None

@@ -1,0 +1,190 @@
+"""The one engine: carries a design's steps out against real evaluators.
+
+A design (``bisect_tool.designs``) decides; the engine does: it journals every entry before the
+next step (and applies it to the design as written, so what the run decides from and what a later
+replay rebuilds are the same), runs a step's lifetimes one at a time or in parallel threads,
+journals each lifetime as it ends (not in submission order), runs the controls, and tells the
+observer its progress as events. ``bisect start``/``resume``, ``bisect locate`` and, through the
+same evaluators, the Ray backend all run on it.
+
+Signals. ``journaled(path)`` opens the journal with SIGTERM and SIGHUP raising (a closed terminal
+or SSH session is a SIGHUP; a GPU job's deadline a SIGTERM), so a run stopped from outside leaves
+the way Ctrl-C does: every lifetime that ended is journaled, every resource closed. Lifetimes in
+flight are cancelled where their evaluator can cancel them (Ray tasks); elsewhere they end as
+they would have and are journaled before the exception goes on (on a lent H100 a finished
+divergent lifetime was printed, then lost, and run again by the next call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+from bisect_tool.designs import Controls, Design, Finish, Item, Record, Work
+from bisect_tool.errors import InfrastructureError
+from bisect_tool.events import (
+    ControlsEnded,
+    LifetimeEnded,
+    LifetimeStarted,
+    Note,
+    Observer,
+    RunEnded,
+    ignore,
+)
+from bisect_tool.interfaces import Evaluator
+from bisect_tool.journal import Journal
+from bisect_tool.values import Observation
+
+
+class ControlsRunner(Protocol):
+    def run(self) -> dict[str, Any]:
+        """The controls on one candidate, as the journal's ``controls`` entry."""
+        ...
+
+
+#: commit -> its controls runner (None: this backend has none)
+ControlsFor = Callable[[str], ControlsRunner | None]
+
+
+def _no_controls(_commit: str) -> None:
+    return None
+
+
+@contextmanager
+def journaled(path: Path) -> Iterator[Journal]:
+    """The journal open for appending, with SIGTERM and SIGHUP raising while it is open."""
+    from bisect_tool.runtime.common import sigterm_raises
+
+    with Journal(path) as journal, sigterm_raises():
+        yield journal
+
+
+class Engine:
+    """Runs ``design`` to its end: each ``Work`` item goes to ``arms[item.arm]``, up to
+    ``parallel`` at once."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        design: Design,
+        arms: Mapping[str, Evaluator],
+        *,
+        parallel: int = 1,
+        controls_for: ControlsFor = _no_controls,
+        observer: Observer = ignore,
+    ) -> None:
+        self.journal = journal
+        self.design = design
+        self.arms = arms
+        self.parallel = max(1, parallel)
+        self.controls_for = controls_for
+        self.observer = observer
+        self._durations: dict[str, list[float]] = {}
+
+    def append(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Journal ``entry`` and apply it, as written, to the design."""
+        written = self.journal.append(entry)
+        self.design.apply(written)
+        return written
+
+    def run(self) -> Finish:
+        while True:
+            step = self.design.next_step()
+            if isinstance(step, Finish):
+                self._end(step)
+                return step
+            if isinstance(step, Record):
+                self.append(step.entry)
+                if step.note:
+                    self.observer(Note(step.note))
+            elif isinstance(step, Controls):
+                self._controls(step)
+            else:
+                self._work(step)
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _end(self, finish: Finish) -> None:
+        entry = self.append(self.design.end_entry(finish))
+        summary = entry.get("summary") or {}
+        self.observer(RunEnded(
+            str(finish.state),
+            finish.message,
+            tuple(summary.get("flip_block") or ()),
+            float(summary.get("confidence") or 0.0),
+            int(summary.get("evaluations") or 0),
+        ))
+
+    def _controls(self, step: Controls) -> None:
+        runner = self.controls_for(step.commit)
+        if runner is None:
+            raise InfrastructureError(
+                "the run asked for the controls, but its backend cannot run them; pass "
+                "--no-controls"
+            )
+        self.observer(Note(step.note))
+        entry = self.append(runner.run())
+        self.observer(ControlsEnded(bool(entry.get("ok")), entry))
+
+    def _work(self, work: Work) -> None:
+        for event in work.events:
+            self.observer(event)
+        if not work.items:
+            raise InfrastructureError("a design handed out no work; this is a bug in bisect")
+        if work.prepare:
+            self._arm(work.items[0]).prepare(list(work.prepare))
+        if len(work.items) == 1:
+            item = work.items[0]
+            self._record(item, self._evaluate(item))
+            return
+        with ThreadPoolExecutor(max_workers=min(len(work.items), self.parallel)) as pool:
+            futures = {pool.submit(self._evaluate, item): item for item in work.items}
+            recorded: set[Future[Observation]] = set()
+            try:
+                # journal each lifetime as it comes back, not in submission order
+                for fut in as_completed(futures):
+                    self._record(futures[fut], fut.result())
+                    recorded.add(fut)
+            except BaseException:
+                # Ctrl-C, SIGTERM/SIGHUP or a failed lifetime: stop the others now where they
+                # can be stopped (Ray tasks), not after the pool has waited for them all. The
+                # rest end as they would have: each is an observation like any other and is
+                # journaled before the exception goes on.
+                for arm in {item.arm for item in work.items}:
+                    self._arm_named(arm).cancel()
+                pool.shutdown(wait=True)
+                for fut, item in futures.items():
+                    if fut not in recorded and not fut.cancelled() and fut.exception() is None:
+                        self._record(item, fut.result())
+                raise
+
+    def _arm(self, item: Item) -> Evaluator:
+        return self._arm_named(item.arm)
+
+    def _arm_named(self, arm: str) -> Evaluator:
+        try:
+            return self.arms[arm]
+        except KeyError:
+            raise InfrastructureError(f"this run has no {arm} probe") from None
+
+    def _evaluate(self, item: Item) -> Observation:
+        done = self._durations.get(item.arm, [])
+        mean = sum(done) / len(done) if done else None
+        self.observer(LifetimeStarted(item.commit, item.lifetime_id, mean))
+        obs = self._arm(item).evaluate(item.commit, item.lifetime_id, item.tags)
+        self.observer(LifetimeEnded(
+            obs.commit, item.lifetime_id, str(obs.verdict), obs.message, obs.duration_s,
+            obs.detail,
+        ))
+        return obs
+
+    def _record(self, item: Item, obs: Observation) -> None:
+        self.append(self.design.observation_entry(item, obs))
+        if obs.duration_s:
+            self._durations.setdefault(item.arm, []).append(obs.duration_s)
+        event = self.design.progress(item)
+        if event is not None:
+            self.observer(event)

@@ -1,0 +1,312 @@
+"""One wiring: a recipe in, the evaluators it describes out.
+
+Every run that evaluates candidates gets its evaluators here, and only here: ``bisect start``/
+``resume`` and ``bisect probe --commit`` (``open_evaluators``), ``bisect locate`` (one set per
+Python side, sharing one artifact provider and one GPU pool), and each Ray task on its node
+(``server_evaluator`` and ``controls_runner``). So the controls honour the recipe's
+``control_attempts`` on every backend, and a lifetime is booted the same way everywhere.
+
+A probe kind is one factory in ``PROBES`` (``[probe] kind``) and a fast stand-in one in
+``NARROW`` (``[probe] narrow``): a new probe is one module and one line here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bisect_tool.engine import ControlsFor, ControlsRunner, _no_controls
+from bisect_tool.errors import RecipeError
+from bisect_tool.events import Observer, ignore, notes_to
+from bisect_tool.interfaces import ArtifactProvider, Evaluator, RuntimeBackend, SwapSet
+from bisect_tool.recipe import ProbeSettings, Recipe
+from bisect_tool.runtime.gpus import GpuPool
+from bisect_tool.tiers import Tier
+from bisect_tool.values import ProbeKind
+
+
+@dataclass(frozen=True)
+class Evaluators:
+    """What a recipe's run evaluates with: its own probe (``faithful``), the fast stand-in that
+    narrows first (``narrow``, for ``[probe] narrow``), how many lifetimes run at once, and a
+    factory for the controls runner of a commit (``_no_controls``: this probe has none)."""
+
+    faithful: Evaluator
+    parallel: int = 1
+    controls_for: ControlsFor = _no_controls
+    narrow: Evaluator | None = None
+
+    @property
+    def has_controls(self) -> bool:
+        return self.controls_for is not _no_controls
+
+    def arms(self) -> dict[str, Evaluator]:
+        """The evaluators by the name a design's items give (``designs.bisect``)."""
+        arms = {str(Tier.FAITHFUL): self.faithful}
+        if self.narrow is not None:
+            arms[str(Tier.NARROW)] = self.narrow
+        return arms
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What every probe factory is given."""
+
+    recipe: Recipe
+    provider: ArtifactProvider
+    repo: Path  # the clone (a run without one: the state dir)
+    state_dir: Path
+    session: str
+    tags: Mapping[str, Sequence[str]]
+    observer: Observer = ignore
+    pool: GpuPool | None = None  # shared by several sets of evaluators (bisect locate)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+
+ProbeFactory = Callable[[Wiring], AbstractContextManager[Evaluators]]
+#: a fast stand-in: (wiring, the faithful tier's compatibility gate or None) -> its evaluator
+NarrowFactory = Callable[[Wiring, Callable[[SwapSet], None] | None], Evaluator]
+
+
+# -- the pieces every backend shares --------------------------------------------------------------
+
+
+def server_probe_factory(probe: ProbeSettings, model: str | None) -> Callable[[bool], Any]:
+    """(sequential) -> the determinism probe of one lifetime (sequential: the negative control)."""
+    from bisect_tool.probes.server import ServerDeterminismProbe
+
+    def factory(sequential: bool) -> Any:
+        return ServerDeterminismProbe(probe, model=model, sequential=sequential)
+
+    return factory
+
+
+def server_evaluator(
+    recipe: Recipe,
+    provider: ArtifactProvider,
+    backend: RuntimeBackend,
+    *,
+    session: str,
+    log_dir: Path,
+    tags: Mapping[str, Sequence[str]],
+    gpu_lease: Callable[[], AbstractContextManager[str | None]],
+    observer: Observer = ignore,
+) -> Any:
+    """Artifacts -> gate -> one lifetime on ``backend`` -> the server probe."""
+    from bisect_tool.evaluate import ServerEvaluator
+
+    evaluator = ServerEvaluator(
+        provider,
+        backend,
+        server_probe_factory(recipe.probe, recipe.runtime.model or None),
+        session=session,
+        log_dir=log_dir,
+        tags=tags,
+        gpu_lease=gpu_lease,
+    )
+    evaluator.observer = observer
+    return evaluator
+
+
+def controls_runner(
+    probe: ProbeSettings, evaluator: Any, commit: str, tags: Mapping[str, Sequence[str]]
+) -> ControlsRunner:
+    """The positive and negative controls on ``commit``, as the recipe asks for them."""
+    from bisect_tool.evaluate import ControlsRunner as Runner
+
+    return Runner(evaluator, commit, probe.invariance_env, tags, attempts=probe.control_attempts)
+
+
+def op_evaluator(
+    w: Wiring, gate: Callable[[SwapSet], None] | None = None
+) -> Evaluator:
+    """The focused op check on each candidate's extension, under the pinned interpreter; as a
+    fast stand-in it also asks ``gate`` whether the faithful tier could run the candidate."""
+    from bisect_tool.evaluate import OpEvaluator
+    from bisect_tool.probes.op import OpProbe
+
+    op = OpProbe(w.recipe.probe, python=w.recipe.runtime.python or None)
+    evaluator = OpEvaluator(w.provider, op, w.recipe.runtime.env, w.tags, gate=gate)
+    evaluator.observer = w.observer
+    return evaluator
+
+
+# -- the probe kinds ------------------------------------------------------------------------------
+
+
+@contextmanager
+def _server(w: Wiring) -> Iterator[Evaluators]:
+    runtime = w.recipe.runtime
+    if runtime.backend == "ray":
+        with _ray(w) as evaluators:
+            yield evaluators
+        return
+    from bisect_tool.runtime import make_backend
+
+    backend = make_backend(runtime, session=w.session, log_dir=w.log_dir)
+    try:
+        backend.cleanup_stale(w.session)
+        pool = w.pool or GpuPool(runtime.gpus, per_gpu=runtime.lifetimes_per_gpu)
+        evaluator = server_evaluator(
+            w.recipe, w.provider, backend, session=w.session, log_dir=w.log_dir, tags=w.tags,
+            gpu_lease=pool.lease, observer=w.observer,
+        )
+
+        def controls_for(commit: str) -> ControlsRunner:
+            return controls_runner(w.recipe.probe, evaluator, commit, w.tags)
+
+        # The fast stand-in runs on the same artifacts (one cache). It also asks the gate
+        # whether the faithful tier could run each candidate, so the confirm step never picks
+        # one the pinned stack rejects.
+        narrow = _narrow(w, backend.check_compatible)
+        yield Evaluators(evaluator, pool.size, controls_for, narrow)
+    finally:
+        backend.close()
+
+
+@contextmanager
+def _ray(w: Wiring) -> Iterator[Evaluators]:
+    """Lifetimes as Ray tasks (as many at once as the cluster has free GPUs); the fast probe
+    runs here, on the driver, on the same artifacts."""
+    from bisect_tool.runtime.ray_backend import ray_evaluator
+
+    progress = notes_to(w.observer)
+    with ray_evaluator(
+        w.provider, w.recipe, session=w.session, tags=w.tags, progress=progress
+    ) as evaluator:
+        narrow = _narrow(w, None)
+        if narrow is not None:
+            progress("the op check narrows here, on the driver; lifetimes run on Ray")
+        yield Evaluators(evaluator, evaluator.parallel, evaluator.controls_for, narrow)
+
+
+@contextmanager
+def _op(w: Wiring) -> Iterator[Evaluators]:
+    yield Evaluators(op_evaluator(w))
+
+
+@contextmanager
+def _run_command(w: Wiring) -> Iterator[Evaluators]:
+    """A recipe whose probe is a command (``[probe] kind = "run"``), like ``--run``."""
+    yield Evaluators(command_evaluator(
+        w.recipe.probe.command, w.recipe.probe.timeout_s, repo=w.repo, state_dir=w.state_dir,
+        session=w.session, observer=w.observer,
+    ))
+
+
+def command_evaluator(
+    command: str, timeout_s: float, *, repo: Path, state_dir: Path, session: str,
+    observer: Observer = ignore,
+) -> Evaluator:
+    """``bisect start --run CMD``: the command in a worktree of each candidate."""
+    from bisect_tool.evaluate import RunCommandEvaluator
+
+    return RunCommandEvaluator(
+        repo, command, timeout_s, state_dir=state_dir, session=session,
+        progress=notes_to(observer),
+    )
+
+
+PROBES: dict[ProbeKind, ProbeFactory] = {
+    ProbeKind.SERVER: _server,
+    ProbeKind.OP: _op,
+    ProbeKind.RUN: _run_command,
+}
+NARROW: dict[str, NarrowFactory] = {"op": op_evaluator}
+
+
+def _narrow(w: Wiring, gate: Callable[[SwapSet], None] | None) -> Evaluator | None:
+    kind = w.recipe.probe.narrow
+    if not kind:
+        return None
+    factory = NARROW.get(kind)
+    if factory is None:
+        raise RecipeError(f"unknown [probe] narrow {kind!r}; one of: {', '.join(NARROW)}")
+    return factory(w, gate)
+
+
+def probe_kind(recipe: Recipe) -> ProbeKind:
+    try:
+        return ProbeKind(recipe.probe.kind)
+    except ValueError:
+        raise RecipeError(
+            f"unknown [probe] kind {recipe.probe.kind!r} in recipe {recipe.name!r}; one of: "
+            + ", ".join(k.value for k in ProbeKind)
+        ) from None
+
+
+# -- open ------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def open_provider(
+    recipe: Recipe, repo: Path, *, log_dir: Path, session: str, observer: Observer = ignore
+) -> Iterator[ArtifactProvider]:
+    from bisect_tool.artifacts import make_provider
+
+    with make_provider(
+        recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session
+    ) as provider:
+        yield provider
+
+
+@contextmanager
+def open_evaluators(
+    recipe: Recipe,
+    repo: Path,
+    session: str,
+    state_dir: Path,
+    tags: Mapping[str, Sequence[str]],
+    observer: Observer = ignore,
+) -> Iterator[Evaluators]:
+    """The evaluators a recipe describes, with everything they opened closed on exit."""
+    from bisect_tool.runtime.weights import resolve_weights
+
+    log_dir = state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    recipe = resolve_weights(recipe, progress=notes_to(observer))
+    kind = probe_kind(recipe)
+    with open_provider(
+        recipe, repo, log_dir=log_dir, session=session, observer=observer
+    ) as provider, PROBES[kind](
+        Wiring(recipe, provider, repo, state_dir, session, tags, observer)
+    ) as evaluators:
+        yield evaluators
+
+
+@contextmanager
+def open_sides(
+    recipes: Mapping[str, Recipe],
+    provider: ArtifactProvider,
+    *,
+    repo: Path,
+    state_dir: Path,
+    session: str,
+    tags: Mapping[str, Sequence[str]],
+    observer: Observer = ignore,
+) -> Iterator[tuple[dict[str, Evaluators], int]]:
+    """One set of evaluators per named recipe (``bisect locate``: one per Python side), sharing
+    ``provider`` and one GPU pool; and how many lifetimes may run at once over them all."""
+    first = next(iter(recipes.values()))
+    pool = GpuPool(first.runtime.gpus, per_gpu=first.runtime.lifetimes_per_gpu)
+    with contextlib.ExitStack() as stack:
+        sides = {
+            name: stack.enter_context(PROBES[probe_kind(recipe)](
+                Wiring(recipe, provider, repo, state_dir, session, tags, observer, pool)
+            ))
+            for name, recipe in recipes.items()
+        }
+        yield sides, pool.size
+
+
+def side_recipe(recipe: Recipe, pinned_package_dir: Path) -> Recipe:
+    """``recipe`` with its pinned stack's package taken from ``pinned_package_dir``."""
+    runtime = replace(recipe.runtime, pinned_package_dir=str(pinned_package_dir))
+    return replace(recipe, runtime=runtime)
