@@ -144,7 +144,7 @@ def _kill(pgid: int) -> bool:
 def end_labelled(session: str, keep: Collection[int] = ()) -> int:
     """SIGKILL the process groups whose members carry ``BISECT_SESSION=session`` (a --run probe
     whose group record was lost); how many groups."""
-    from bisect_tool.runtime.common import ENV_SESSION
+    from bisect_tool.labels import ENV_SESSION
     from bisect_tool.runtime.local import _pids_with_env
 
     groups = set()

@@ -70,9 +70,9 @@ class LocateOutcome:
 def _ends(request: LocateRequest) -> tuple[Candidate, Candidate]:
     """(good, bad) as candidates: commits of the clone, or releases of the recipe's package."""
     if request.releases is not None:
-        from bisect_tool.artifacts.cache import default_cache_dir
+        from bisect_tool.artifacts.releases import fetch_listing, resolve_release_range
         from bisect_tool.artifacts.sources import pip_index_url
-        from bisect_tool.releases import fetch_listing, resolve_release_range
+        from bisect_tool.dirs import default_cache_dir
 
         settings = request.recipe.artifacts
         index = request.releases.index_url or settings.index_url or pip_index_url()
@@ -134,7 +134,8 @@ def _evaluators(
 ) -> Iterator[tuple[dict[str, Evaluator], int, ControlsFor]]:
     """A server evaluator per Python side (one backend each, pinned to that side's stack), the
     slots that may run at once, and the controls runner of the good end's own pair."""
-    from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+    from bisect_tool.artifacts.cache import ArtifactCache
+    from bisect_tool.dirs import default_cache_dir
     from bisect_tool.runtime.weights import resolve_weights
     from bisect_tool.wiring import open_provider, open_sides, side_recipe
 

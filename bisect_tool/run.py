@@ -176,9 +176,9 @@ def _release_range(
     """The releases between --good and --bad as candidates, the recipe as a release-level run
     uses it (release wheels, or files at hand: no clone to build from), and the header's facts
     about the listing."""
-    from bisect_tool.artifacts.cache import default_cache_dir
+    from bisect_tool.artifacts.releases import fetch_listing, resolve_release_range
     from bisect_tool.artifacts.sources import pip_index_url
-    from bisect_tool.releases import fetch_listing, resolve_release_range
+    from bisect_tool.dirs import default_cache_dir
 
     settings = recipe.artifacts
     index = releases.index_url or settings.index_url or pip_index_url()

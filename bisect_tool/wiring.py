@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from bisect_tool.engine import ControlsFor, ControlsRunner, _no_controls
 from bisect_tool.errors import RecipeError
+from bisect_tool.evaluate.server import controls_runner, server_evaluator
 from bisect_tool.events import Observer, ignore, notes_to
-from bisect_tool.interfaces import ArtifactProvider, Evaluator, RuntimeBackend, SwapSet
-from bisect_tool.recipe import ProbeSettings, Recipe
+from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
+from bisect_tool.recipe import Recipe
 from bisect_tool.runtime.gpus import GpuPool
 from bisect_tool.tiers import Tier
 from bisect_tool.values import ProbeKind
@@ -75,53 +75,7 @@ ProbeFactory = Callable[[Wiring], AbstractContextManager[Evaluators]]
 NarrowFactory = Callable[[Wiring, Callable[[SwapSet], None] | None], Evaluator]
 
 
-# -- the pieces every backend shares --------------------------------------------------------------
-
-
-def server_probe_factory(probe: ProbeSettings, model: str | None) -> Callable[[bool], Any]:
-    """(sequential) -> the determinism probe of one lifetime (sequential: the negative control)."""
-    from bisect_tool.probes.server import ServerDeterminismProbe
-
-    def factory(sequential: bool) -> Any:
-        return ServerDeterminismProbe(probe, model=model, sequential=sequential)
-
-    return factory
-
-
-def server_evaluator(
-    recipe: Recipe,
-    provider: ArtifactProvider,
-    backend: RuntimeBackend,
-    *,
-    session: str,
-    log_dir: Path,
-    tags: Mapping[str, Sequence[str]],
-    gpu_lease: Callable[[], AbstractContextManager[str | None]],
-    observer: Observer = ignore,
-) -> Any:
-    """Artifacts -> gate -> one lifetime on ``backend`` -> the server probe."""
-    from bisect_tool.evaluate import ServerEvaluator
-
-    evaluator = ServerEvaluator(
-        provider,
-        backend,
-        server_probe_factory(recipe.probe, recipe.runtime.model or None),
-        session=session,
-        log_dir=log_dir,
-        tags=tags,
-        gpu_lease=gpu_lease,
-    )
-    evaluator.observer = observer
-    return evaluator
-
-
-def controls_runner(
-    probe: ProbeSettings, evaluator: Any, commit: str, tags: Mapping[str, Sequence[str]]
-) -> ControlsRunner:
-    """The positive and negative controls on ``commit``, as the recipe asks for them."""
-    from bisect_tool.evaluate import ControlsRunner as Runner
-
-    return Runner(evaluator, commit, probe.invariance_env, tags, attempts=probe.control_attempts)
+# -- the pieces ----------------------------------------------------------------------------------
 
 
 def op_evaluator(
@@ -175,7 +129,7 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
 def _ray(w: Wiring) -> Iterator[Evaluators]:
     """Lifetimes as Ray tasks (as many at once as the cluster has free GPUs); the fast probe
     runs here, on the driver, on the same artifacts."""
-    from bisect_tool.runtime.ray_backend import ray_evaluator
+    from bisect_tool.evaluate.ray import ray_evaluator
 
     progress = notes_to(w.observer)
     with ray_evaluator(

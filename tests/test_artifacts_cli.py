@@ -11,9 +11,10 @@ from pathlib import Path
 import git
 import pytest
 
-from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.artifacts.testing import WheelServer, make_wheel
 from bisect_tool.cli import main
+from bisect_tool.dirs import default_cache_dir
 
 MEMBER = "vllm/_C_stable_libtorch.abi3.so"
 
@@ -198,7 +199,7 @@ def test_cache_dir_without_platformdirs_is_the_home_cache(tmp_path):
     # The GPU machine may get only the stdlib and click/httpx (see bisect_tool/artifacts).
     code = (
         "import sys; sys.modules['platformdirs'] = None; "
-        "from bisect_tool.artifacts.cache import default_cache_dir; print(default_cache_dir())"
+        "from bisect_tool.dirs import default_cache_dir; print(default_cache_dir())"
     )
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(

@@ -31,8 +31,9 @@ from typing import Any
 import pytest
 
 from bisect_tool.errors import InfrastructureError
+from bisect_tool.evaluate.ray import INSTALL_HINT
+from bisect_tool.evaluate.ray_ship import pack_swap, unpack_swap
 from bisect_tool.interfaces import SwapSet
-from bisect_tool.runtime.ray_backend import INSTALL_HINT, pack_swap, unpack_swap
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD_PORT = 6391
@@ -387,7 +388,7 @@ def _faults(workdir: Path, recipe_path: Path, bad_tag: str) -> dict[str, Any]:
     from bisect_tool import recipe as recipe_mod
     from bisect_tool.artifacts import make_provider
     from bisect_tool.errors import AbortError
-    from bisect_tool.runtime.ray_backend import ray_evaluator
+    from bisect_tool.evaluate.ray import ray_evaluator
 
     found: dict[str, Any] = {}
     recipe = recipe_mod.load(str(recipe_path))

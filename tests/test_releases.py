@@ -15,10 +15,7 @@ from bisect_tool.artifacts import make_provider
 from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.artifacts.download import Downloader, RetryPolicy
 from bisect_tool.artifacts.index import IndexFile
-from bisect_tool.demo.pinned import SWAP_PATH
-from bisect_tool.errors import RangeError
-from bisect_tool.recipe import ArtifactSettings
-from bisect_tool.releases import (
+from bisect_tool.artifacts.releases import (
     LISTING_RETRY,
     ReleaseListing,
     ReleaseRange,
@@ -29,6 +26,9 @@ from bisect_tool.releases import (
     release_id,
     resolve_release_range,
 )
+from bisect_tool.demo.pinned import SWAP_PATH
+from bisect_tool.errors import RangeError
+from bisect_tool.recipe import ArtifactSettings
 from bisect_tool.values import Direction
 
 URL = "https://index.example/simple"

@@ -11,7 +11,7 @@ Public API (everything else in this package is internal)::
     default_cache_dir(setting="") -> Path
     extract_members(wheel, members, out_dir) -> list[ExtractedFile]   # stdlib only
     index.fetch_project_files(downloader, index_url, package) -> (list[IndexFile], page_url)
-                                                                # PEP 691/503; bisect_tool.releases
+                                             # PEP 691/503; artifacts.releases lists them
 
 Order of work for ``get``: the cache (commits fetched, built or imported before are served from
 it with no network at all), then ``settings.sources`` in order: ``wheel-index`` (vLLM's
@@ -30,8 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.artifacts.extract import ExtractedFile, extract_members
+from bisect_tool.dirs import default_cache_dir
 from bisect_tool.recipe import ArtifactSettings
 
 if TYPE_CHECKING:

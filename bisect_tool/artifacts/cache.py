@@ -32,23 +32,6 @@ from bisect_tool.interfaces import SwapSet
 from bisect_tool.values import short
 
 MANIFEST_VERSION = 1
-APP_NAME = "bisect"
-
-
-def default_cache_dir(setting: str = "", env: Mapping[str, str] | None = None) -> Path:
-    """The recipe's ``[artifacts] cache_dir``, else $BISECT_CACHE_DIR, else the platform's user
-    cache dir for ``bisect`` (platformdirs: ``$XDG_CACHE_HOME/bisect`` or ``~/.cache/bisect``
-    on Linux, ``~/Library/Caches/bisect`` on macOS)."""
-    env = os.environ if env is None else env
-    if setting:
-        return Path(setting).expanduser()
-    if env.get("BISECT_CACHE_DIR"):
-        return Path(env["BISECT_CACHE_DIR"]).expanduser()
-    try:
-        import platformdirs  # here, not at the top: see the module docstring
-    except ImportError:  # a GPU machine given only the stdlib and click/httpx
-        return Path.home() / ".cache" / APP_NAME
-    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
 
 
 @dataclass(frozen=True)

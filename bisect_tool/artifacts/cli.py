@@ -119,7 +119,8 @@ def ls_command(cache_dir: str | None) -> None:
     """List cached commits, most recently used first."""
     import time
 
-    from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+    from bisect_tool.artifacts.cache import ArtifactCache
+    from bisect_tool.dirs import default_cache_dir
 
     cache = ArtifactCache(default_cache_dir(cache_dir or ""))
     entries = cache.entries()
@@ -138,7 +139,8 @@ def ls_command(cache_dir: str | None) -> None:
 @cache_option
 def gc_command(max_bytes: int | None, recipe: str | None, cache_dir: str | None) -> None:
     """Evict least recently used commits until the cache fits the cap."""
-    from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+    from bisect_tool.artifacts.cache import ArtifactCache
+    from bisect_tool.dirs import default_cache_dir
 
     if max_bytes is None:
         try:
@@ -191,13 +193,14 @@ def import_command(
 ) -> None:
     """Put a wheel, or the swap-set files themselves, into the cache for a commit or a release
     (for machines that cannot download)."""
-    from bisect_tool.artifacts.cache import ArtifactCache, default_cache_dir
+    from bisect_tool.artifacts.cache import ArtifactCache
+    from bisect_tool.dirs import default_cache_dir
 
     settings = _settings(recipe, members)
     if (ref is None) == (release is None):
         raise UsageError("give one of --commit REF or --release VERSION")
     if release is not None:
-        from bisect_tool.releases import parse_release_ref, release_id
+        from bisect_tool.artifacts.releases import parse_release_ref, release_id
 
         sha = release_id(settings.package, parse_release_ref(release))
     else:

@@ -3,7 +3,7 @@
 Both forms give the same facts per file: its name, its URL (resolved against the page, fragment
 dropped), the sha256 the index publishes, whether it is yanked (PEP 592) and its
 ``Requires-Python``. The release source picks a wheel from these; the release range
-(``bisect_tool.releases``) lists versions from them.
+(``bisect_tool.artifacts.releases``) lists versions from them.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class CachingProvider:
         cached = self.cache.lookup(commit, self.swap_set)
         if cached is not None or not self.package:
             return cached
-        from bisect_tool.releases import release_aliases
+        from bisect_tool.artifacts.releases import release_aliases
 
         # A release tag's commit: a release-level bisect (or `artifacts import --release`) may
         # have cached that release's files already; they are the same bytes.

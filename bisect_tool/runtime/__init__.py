@@ -4,7 +4,7 @@ set in place), checks a candidate's op schemas against the pinned stack's, and l
 ``make_backend`` picks the backend the recipe names: ``local`` (a child process group, runs
 anywhere incl. the lent GPU machine without Docker) or ``docker`` (a container of the pinned
 image per lifetime); ``ray`` schedules each lifetime as a Ray task that runs the local backend
-on a cluster node (``ray_backend.py``, used through ``evaluate.build_evaluator``).
+on a cluster node (``bisect_tool.evaluate.ray``, chosen in ``bisect_tool.wiring``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def make_backend(
     ``InfrastructureError`` naming scripts/docker-up.sh."""
     if settings.backend in ("local", "ray"):
         # ray: every node runs the local backend inside a Ray task
-        # (bisect_tool.runtime.ray_backend); on this host it finds and removes leftovers.
+        # (bisect_tool.evaluate.ray); on this host it finds and removes leftovers.
         return LocalBackend(settings, session=session, log_dir=log_dir, http_client=http_client)
     if settings.backend == "docker":
         from bisect_tool.runtime.docker_backend import DockerBackend

@@ -31,14 +31,6 @@ from bisect_tool.interfaces import ServerHandle
 LOOPBACK = "127.0.0.1"
 #: boots of one lifetime when the server lost the race for its port
 PORT_ATTEMPTS = 3
-LABEL_TOOL = "bisect.tool"
-LABEL_SESSION = "bisect.session"
-LABEL_CANDIDATE = "bisect.candidate"
-LABEL_LIFETIME = "bisect.lifetime"
-TOOL_NAME = "bisect"
-# Set in every server's environment: finds the processes of a crashed run (cleanup_stale).
-ENV_SESSION = "BISECT_SESSION"
-ENV_LIFETIME = "BISECT_LIFETIME"
 
 # Printed by a server that lost the race for its port (we pick it, then it binds): boot again.
 _PORT_TAKEN = ("address already in use", "errno 98", "eaddrinuse")

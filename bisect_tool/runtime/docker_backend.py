@@ -27,18 +27,20 @@ from bisect_tool.errors import (
     RecipeError,
 )
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
-from bisect_tool.recipe import RuntimeSettings
-from bisect_tool.runtime import gpu_passthrough, schemas
-from bisect_tool.runtime.common import (
+from bisect_tool.labels import (
     ENV_LIFETIME,
     ENV_SESSION,
     LABEL_CANDIDATE,
     LABEL_LIFETIME,
     LABEL_SESSION,
     LABEL_TOOL,
+    TOOL_NAME,
+)
+from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.runtime import gpu_passthrough, schemas
+from bisect_tool.runtime.common import (
     LOOPBACK,
     PACKAGE_DIR_SCRIPT,
-    TOOL_NAME,
     RunningServer,
     open_log,
     serve_lifetime,

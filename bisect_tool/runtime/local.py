@@ -25,11 +25,10 @@ import httpx
 from bisect_tool import redact
 from bisect_tool.errors import IncompatibleExtension, InfrastructureError, RecipeError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
+from bisect_tool.labels import ENV_LIFETIME, ENV_SESSION
 from bisect_tool.recipe import RuntimeSettings
 from bisect_tool.runtime import schemas
 from bisect_tool.runtime.common import (
-    ENV_LIFETIME,
-    ENV_SESSION,
     LOOPBACK,
     PACKAGE_DIR_SCRIPT,
     RunningServer,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bisect_tool.artifacts import default_cache_dir
+from bisect_tool.dirs import default_cache_dir
 from bisect_tool.errors import RecipeError
 from bisect_tool.recipe import BUNDLED_DIR
 

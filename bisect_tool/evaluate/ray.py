@@ -2,10 +2,11 @@
 
 Each lifetime is one Ray task asking for one GPU (``num_gpus=1``). On whatever node Ray picks, the
 task runs the *local* backend and the server probe exactly as a single-host bisect would (the
-``ServerEvaluator`` of ``bisect_tool.evaluate``), and returns plain values: the observation (its
+``ServerEvaluator`` that ``evaluate.server.server_evaluator`` builds there too), and returns
+plain values: the observation (its
 detail carries the log tail) and where and how long it ran. The driver keeps everything that has
 state: the artifact provider (swap sets are built or fetched once, on the driver) and the journal
-(written only by the existing ``session.Loop``).
+(written only by the engine, ``bisect_tool.engine``).
 
 How a swap set reaches a node: its files' bytes go into Ray's object store (``ray.put``), the
 task checks each file's sha256 on arrival and writes it to a node-local content-addressed cache.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import os
 import tempfile
@@ -39,7 +39,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bisect_tool.artifacts.extract import sha256_file
 from bisect_tool.errors import (
     AbortError,
     BisectError,
@@ -47,6 +46,8 @@ from bisect_tool.errors import (
     UntestableError,
     UsageError,
 )
+from bisect_tool.evaluate.ray_ship import ShippedSwap, pack_swap, unpack_swap
+from bisect_tool.evaluate.server import ServerEvaluator, controls_runner, server_evaluator
 from bisect_tool.interfaces import ArtifactProvider, SwapSet
 from bisect_tool.recipe import ProbeSettings, RuntimeSettings
 from bisect_tool.values import Observation, Verdict, short
@@ -75,102 +76,6 @@ def import_ray() -> ModuleType:
     return ray
 
 
-# ---- what travels to the node ------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ShippedFile:
-    """One swap-set file: its bytes (object store) or a path on a shared mount, and its sha256."""
-
-    rel: str
-    sha256: str
-    data: bytes | None = None
-    shared_path: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class ShippedSwap:
-    commit: str
-    files: tuple[ShippedFile, ...]
-    source: str = ""
-    origin: str = ""
-
-
-def _sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def pack_swap(swap: SwapSet, shared_cache: str = "") -> ShippedSwap:
-    """The swap set as plain values. Files under ``shared_cache`` travel as paths."""
-    files: list[ShippedFile] = []
-    shared = Path(shared_cache).resolve() if shared_cache else None
-    for rel, path in sorted(swap.files.items()):
-        path = Path(path)
-        expected = swap.sha256.get(rel, "")
-        if shared is not None and path.resolve().is_relative_to(shared):
-            digest = expected or sha256_file(path)
-            files.append(ShippedFile(rel, digest, shared_path=str(path.resolve())))
-            continue
-        data = path.read_bytes()
-        digest = _sha256_bytes(data)
-        if expected and digest != expected:
-            # The cache verified it when it was stored; a change since is the disk, not the commit.
-            raise InfrastructureError(
-                f"{path} changed in the artifact cache (sha256 {digest[:12]}, expected "
-                f"{short(expected)}); remove it and run `bisect resume`"
-            )
-        files.append(ShippedFile(rel, digest, data=data))
-    return ShippedSwap(swap.commit, tuple(files), swap.source, swap.origin)
-
-
-def node_cache_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "bisect-ray-cache"
-
-
-def unpack_swap(shipped: ShippedSwap, cache_dir: Path | None = None) -> SwapSet:
-    """On the node: check every file's sha256 and place it in the node-local cache."""
-    root = cache_dir or node_cache_dir()
-    files: dict[str, Path] = {}
-    for f in shipped.files:
-        if f.data is None:
-            path = Path(f.shared_path)
-            try:
-                digest = sha256_file(path)
-            except OSError as exc:
-                raise InfrastructureError(
-                    f"shared cache file {path} unreadable on this node ({exc}); mount "
-                    "[runtime] ray_shared_cache at the same path on every node"
-                ) from None
-            if digest != f.sha256:
-                raise InfrastructureError(
-                    f"shared cache file {path} has sha256 {digest[:12]} on this node, the driver "
-                    f"saw {f.sha256[:12]}; the mount is stale or not shared"
-                )
-            files[f.rel] = path
-            continue
-        if _sha256_bytes(f.data) != f.sha256:
-            raise InfrastructureError(
-                f"{f.rel} of {shipped.commit[:12]} arrived corrupted (sha256 mismatch)"
-            )
-        # Content-addressed: a file already placed by an earlier lifetime is reused as is.
-        dest = root / f.sha256[:2] / f.sha256 / Path(f.rel).name
-        if not (dest.is_file() and dest.stat().st_size == len(f.data)):
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(f.data)
-                os.chmod(tmp, 0o755)
-                os.replace(tmp, dest)  # atomic: concurrent lifetimes on one node never see half
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-        files[f.rel] = dest
-    digests = {f.rel: f.sha256 for f in shipped.files}
-    return SwapSet(shipped.commit, files, shipped.source, shipped.origin, digests)
-
-
 # ---- the node side (runs inside a Ray task) ----------------------------------------------------
 
 
@@ -193,11 +98,11 @@ _node_lock = threading.Lock()
 
 def _node_evaluator(
     settings: RuntimeSettings, probe: ProbeSettings, session: str, swap: SwapSet
-) -> Any:
-    """A local ``ServerEvaluator`` on this node. The backend is kept per worker process: Ray
-    reuses workers, so the pinned schema dumps of the compatibility gate are made once."""
-    from bisect_tool.evaluate import ServerEvaluator
-    from bisect_tool.probes.server import ServerDeterminismProbe
+) -> ServerEvaluator:
+    """A local ``ServerEvaluator`` on this node, built as on a single host
+    (``evaluate.server.server_evaluator``). The backend is kept per worker process: Ray reuses
+    workers, so the pinned schema dumps of the compatibility gate are made once."""
+    from bisect_tool.recipe import Recipe
     from bisect_tool.runtime.local import LocalBackend
 
     log_dir = Path(tempfile.gettempdir()) / "bisect-ray-logs" / session
@@ -209,15 +114,10 @@ def _node_evaluator(
         if backend is None:
             backend = LocalBackend(local, session=session, log_dir=log_dir)
             _node_backends[key] = backend
-    model = settings.model or None
-
-    def probe_factory(sequential: bool) -> Any:
-        return ServerDeterminismProbe(probe, model=model, sequential=sequential)
-
-    return ServerEvaluator(
+    return server_evaluator(
+        Recipe("ray-node", runtime=settings, probe=probe),
         _Given(swap),
         backend,
-        probe_factory,
         session=session,
         log_dir=log_dir,
         tags={},
@@ -263,11 +163,10 @@ def run_controls_task(
     settings: RuntimeSettings, probe: ProbeSettings, session: str, shipped: ShippedSwap
 ) -> dict[str, Any]:
     """The positive and negative controls on one candidate, on one node."""
-    from bisect_tool.evaluate import ControlsRunner
-
     swap = unpack_swap(shipped)
     evaluator = _node_evaluator(settings, probe, session, swap)
-    entry = ControlsRunner(evaluator, shipped.commit, probe.invariance_env, {}).run()
+    # the recipe's control_attempts, as on a single host (wiring.controls_runner's rule)
+    entry = controls_runner(probe, evaluator, shipped.commit, {}).run()
     entry["where"] = _where()
     return entry
 

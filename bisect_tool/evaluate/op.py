@@ -1,0 +1,91 @@
+"""The op evaluator: artifacts -> the focused op check on the candidate's extension."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from bisect_tool.errors import (
+    IncompatibleExtension,
+    UntestableError,
+)
+from bisect_tool.evaluate.base import _ArtifactEvaluator, swap_facts, untestable_stage
+from bisect_tool.interfaces import (
+    ArtifactProvider,
+    SwapSet,
+)
+from bisect_tool.values import Observation, Verdict
+
+
+class OpEvaluator(_ArtifactEvaluator):
+    """Artifacts -> the focused op probe on the candidate's extension (no server, no model).
+
+    As the tiered search's fast probe it is given the faithful tier's ``gate`` too: the op
+    check needs no pinned Python, but the confirm step must know which candidates the pinned
+    stack would reject, so each candidate's gate result rides in its detail (``gate``: "ok" or
+    the op that differs); the op verdict stands either way."""
+
+    def __init__(
+        self,
+        provider: ArtifactProvider,
+        op_probe: Any,
+        env: Mapping[str, str],
+        tags: Mapping[str, Sequence[str]],
+        gate: Callable[[SwapSet], None] | None = None,
+    ) -> None:
+        super().__init__(provider, tags)
+        self.op_probe = op_probe
+        self.env = dict(env)
+        self.gate = gate
+        self._gate_results: dict[str, str] = {}
+
+    def _gate_result(self, swap: SwapSet) -> str | None:
+        if self.gate is None:
+            return None
+        with self._lock:
+            known = self._gate_results.get(swap.commit)
+        if known is None:
+            try:
+                self.gate(swap)
+                known = "ok"
+            except IncompatibleExtension as exc:
+                known = str(exc)
+            with self._lock:
+                self._gate_results[swap.commit] = known
+        return known
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
+        started = time.monotonic()
+        try:
+            swap = self._swap(commit, tags or self.tags.get(commit, ()))
+        except UntestableError as exc:
+            return Observation(
+                commit, Verdict.UNTESTABLE, lifetime_id, {"stage": untestable_stage(exc)},
+                str(exc), time.monotonic() - started,
+            )
+        artifacts_s = time.monotonic() - started
+        self._announce(commit, artifacts_s)
+        gate = self._gate_result(swap)
+        path = next(iter(swap.files.values()))
+        probing = time.monotonic()
+        result = self.op_probe.run_extension(path, self.env)
+        detail: dict[str, Any] = {**result.detail, **swap_facts(swap)}
+        detail["timing"] = {
+            "artifacts_s": round(artifacts_s, 3),
+            "probe_s": round(time.monotonic() - probing, 3),
+        }
+        if gate is not None:
+            detail["gate"] = gate
+        if result.verdict is Verdict.UNTESTABLE:
+            detail.setdefault("stage", "probe")
+        return Observation(
+            commit,
+            result.verdict,
+            lifetime_id,
+            detail,
+            result.message,
+            time.monotonic() - started,
+        )
+
+

@@ -1,0 +1,205 @@
+"""The server evaluator: artifacts -> compatibility gate -> one fresh lifetime -> the server
+probe; and the controls on one candidate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from bisect_tool.errors import (
+    UntestableError,
+)
+from bisect_tool.evaluate.base import _ArtifactEvaluator, swap_facts, untestable_stage
+from bisect_tool.events import Observer, ignore
+from bisect_tool.interfaces import (
+    ArtifactProvider,
+    LifetimeSpec,
+    ProbeResult,
+    RuntimeBackend,
+    ServerHandle,
+    ServerProbe,
+    SwapSet,
+)
+from bisect_tool.recipe import ProbeSettings, Recipe
+from bisect_tool.values import Observation, Verdict, short
+
+
+class ServerEvaluator(_ArtifactEvaluator):
+    """Artifacts -> compatibility gate -> one fresh lifetime -> the server probe."""
+
+    def __init__(
+        self,
+        provider: ArtifactProvider,
+        backend: RuntimeBackend,
+        probe_factory: Callable[[bool], ServerProbe],
+        *,
+        session: str,
+        log_dir: Path,
+        tags: Mapping[str, Sequence[str]],
+        gpu_lease: Callable[[], AbstractContextManager[str | None]],
+    ) -> None:
+        super().__init__(provider, tags)
+        self.backend = backend
+        self.probe_factory = probe_factory
+        self.session = session
+        self.log_dir = log_dir
+        self.gpu_lease = gpu_lease
+        self._gated: set[str] = set()
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
+        started = time.monotonic()
+        try:
+            swap = self._swap(commit, tags or self.tags.get(commit, ()))
+            if commit not in self._gated:
+                self.backend.check_compatible(swap)
+                self._gated.add(commit)
+            artifacts_s = time.monotonic() - started
+            self._announce(commit, artifacts_s)
+            result = self.run_lifetime(swap, lifetime_id, {}, sequential=False)
+        except UntestableError as exc:
+            return Observation(
+                commit, Verdict.UNTESTABLE, lifetime_id, {"stage": untestable_stage(exc)},
+                str(exc), time.monotonic() - started,
+            )
+        detail = dict(result.detail)
+        detail["timing"] = {**detail.get("timing", {}), "artifacts_s": round(artifacts_s, 3)}
+        detail.update(swap_facts(swap))
+        return Observation(
+            commit,
+            result.verdict,
+            lifetime_id,
+            detail,
+            result.message,
+            time.monotonic() - started,
+        )
+
+    def boot(
+        self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str]
+    ) -> AbstractContextManager[ServerHandle]:
+        @contextmanager
+        def _boot() -> Iterator[ServerHandle]:
+            with self.gpu_lease() as gpu:
+                spec = LifetimeSpec(self.session, lifetime_id, swap, gpu, env, self.log_dir)
+                with self.backend.lifetime(spec) as server:
+                    yield server
+
+        return _boot()
+
+    def run_lifetime(
+        self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str], *, sequential: bool
+    ) -> ProbeResult:
+        started = time.monotonic()
+        with self.boot(swap, lifetime_id, env) as server:
+            booted = time.monotonic()
+            probe = self.probe_factory(sequential)
+            is_alive = getattr(server, "is_alive", None)
+            result = probe.run(server, is_alive)
+            probed = time.monotonic()
+            tail = server.log_tail(30)
+        detail = {
+            **result.detail,
+            "log_tail": tail,
+            "lifetime_id": lifetime_id,
+            "timing": {
+                "boot_s": round(booted - started, 3),
+                "probe_s": round(probed - booted, 3),
+                "teardown_s": round(time.monotonic() - probed, 3),
+            },
+        }
+        return ProbeResult(result.verdict, detail, result.message)
+
+
+class ControlsRunner:
+    """The positive and negative controls on one candidate (the good end by default)."""
+
+    def __init__(
+        self,
+        evaluator: ServerEvaluator,
+        commit: str,
+        invariance_env: str,
+        tags: Mapping[str, Sequence[str]],
+        attempts: int = 3,
+    ) -> None:
+        self.evaluator = evaluator
+        self.commit = commit
+        self.invariance_env = invariance_env
+        self.tags = tags
+        self.attempts = attempts
+
+    def run(self) -> dict[str, Any]:
+        """Up to ``attempts`` lifetimes until the positive control diverges (it may be
+        intermittent too), each also running the sequential negative control."""
+        from bisect_tool.probes.controls import run_controls
+
+        swap = self.evaluator._swap(self.commit, self.tags.get(self.commit, ()))
+        result = None
+        for attempt in range(self.attempts):
+            lid = f"control-{short(self.commit)}-{attempt}"
+
+            def boot(
+                env: Mapping[str, str], lid: str = lid
+            ) -> AbstractContextManager[ServerHandle]:
+                return self.evaluator.boot(swap, lid, env)
+
+            result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env)
+            if result.positive_ok:
+                break
+        assert result is not None
+        return {
+            "type": "controls",
+            "commit": self.commit,
+            "ok": result.ok,
+            "problem": result.problem,
+            **result.to_detail(),
+        }
+
+
+# -- built the same way on every backend ----------------------------------------------------
+
+
+def server_probe_factory(probe: ProbeSettings, model: str | None) -> Callable[[bool], Any]:
+    """(sequential) -> the determinism probe of one lifetime (sequential: the negative control)."""
+    from bisect_tool.probes.server import ServerDeterminismProbe
+
+    def factory(sequential: bool) -> Any:
+        return ServerDeterminismProbe(probe, model=model, sequential=sequential)
+
+    return factory
+
+
+def server_evaluator(
+    recipe: Recipe,
+    provider: ArtifactProvider,
+    backend: RuntimeBackend,
+    *,
+    session: str,
+    log_dir: Path,
+    tags: Mapping[str, Sequence[str]],
+    gpu_lease: Callable[[], AbstractContextManager[str | None]],
+    observer: Observer = ignore,
+) -> ServerEvaluator:
+    """Artifacts -> gate -> one lifetime on ``backend`` -> the server probe: the same on every
+    backend (a Ray task builds its own on its node with this)."""
+    evaluator = ServerEvaluator(
+        provider,
+        backend,
+        server_probe_factory(recipe.probe, recipe.runtime.model or None),
+        session=session,
+        log_dir=log_dir,
+        tags=tags,
+        gpu_lease=gpu_lease,
+    )
+    evaluator.observer = observer
+    return evaluator
+
+
+def controls_runner(
+    probe: ProbeSettings, evaluator: Any, commit: str, tags: Mapping[str, Sequence[str]]
+) -> ControlsRunner:
+    """The positive and negative controls on ``commit``, as the recipe asks for them."""
+    return ControlsRunner(
+        evaluator, commit, probe.invariance_env, tags, attempts=probe.control_attempts
+    )
