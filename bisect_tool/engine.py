@@ -40,7 +40,7 @@ from bisect_tool.values import Observation
 
 
 class ControlsRunner(Protocol):
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Mapping[str, Any]:
         """The controls on one candidate, as the journal's ``controls`` entry."""
         ...
 
@@ -84,7 +84,7 @@ class Engine:
         self.observer = observer
         self._durations: dict[str, list[float]] = {}
 
-    def append(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Journal ``entry`` and apply it, as written, to the design."""
         written = self.journal.append(entry)
         self.design.apply(written)

@@ -2,20 +2,8 @@
 
 Every entry is one JSON object on one line, written and fsynced before the next step, so a crash
 loses at most the entry being written; a torn last line (crash mid-write) is skipped on read.
-
-Entry types (``"type"``):
-- ``header``   (first line) version, session id, repo, good/bad refs and SHAs, direction, the
-  ordered candidate list (``candidates``: old end first, new end last, both ends included, each
-  ``{"sha", "subject", "pr", "tags"}``), the recipe as a dict, tool version, command line, start.
-- ``observation`` one lifetime: seq, lifetime_id, commit, position, verdict, detail, message,
-  duration_s, time. A lifetime id is recorded once: replay ignores a repeated id.
-- ``untestable`` a whole candidate: commit, position, message (no artifact, build/boot failure,
-  incompatible ops).
-- ``controls`` the positive and negative controls: positive, negative (ProbeResult dicts), ok,
-  problem.
-- ``environment`` facts for the report (GPU, driver, versions...).
-- ``end`` state (done, bad_end_never_reproduced, budget_exhausted, no_candidate_left, aborted,
-  controls_failed) and the summary at that point.
+What each entry holds, and the shape it is checked against on reading, is
+``bisect_tool.entries``.
 """
 
 from __future__ import annotations
@@ -23,16 +11,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bisect_tool import redact
+from bisect_tool.entries import JOURNAL_VERSION, ShapeError, check_entry, check_header
 from bisect_tool.errors import StateError
-from bisect_tool.journal_check import ShapeError, check_entry, check_header
 
-JOURNAL_VERSION = 1
 JOURNAL_NAME = "journal.jsonl"
 
 
@@ -106,20 +93,20 @@ class Journal:
                 fh.flush()
                 os.fsync(fh.fileno())
 
-    def append(self, entry: dict[str, Any]) -> dict[str, Any]:
+    def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         if self._file is None:
             raise StateError("journal is not open")
         # Redacted before it is written: the journal travels with the public report.
-        entry = redact.value({**entry, "seq": self._seq, "time": time.time()})
-        line = json.dumps(entry, sort_keys=True, allow_nan=False, default=str)
+        written: dict[str, Any] = redact.value({**entry, "seq": self._seq, "time": time.time()})
+        line = json.dumps(written, sort_keys=True, allow_nan=False, default=str)
         self._file.write(line + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
         self._seq += 1
-        return entry
+        return written
 
 
-def create(path: Path, header: dict[str, Any]) -> None:
+def create(path: Path, header: Mapping[str, Any]) -> None:
     """Write a new journal holding only its header, atomically: a reader never sees a journal
     file without its header line (e.g. `bisect status` racing `bisect start`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +129,7 @@ def read(path: Path) -> JournalContents:
     """Parse a journal; a torn last line is tolerated, a corrupt line elsewhere is an error.
 
     Any file at all gives either the journal's contents or a one-line ``StateError`` naming the
-    line: not UTF-8, not JSON, JSON of the wrong shape (see ``journal_check``)."""
+    line: not UTF-8, not JSON, JSON of the wrong shape (see ``bisect_tool.entries``)."""
     if not path.exists():
         raise StateError(f"no bisect session at {path.parent}; start one with `bisect start`")
     try:

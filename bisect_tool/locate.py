@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bisect_tool import entries
 from bisect_tool import journal as journal_mod
 from bisect_tool.designs.locate import LocateDesign
 from bisect_tool.engine import ControlsFor, Engine, journaled
@@ -103,26 +104,27 @@ def _ends(request: LocateRequest) -> tuple[Candidate, Candidate]:
 # -- the journal ------------------------------------------------------------------------------
 
 
-def _header(request: LocateRequest, good: Candidate, bad: Candidate) -> dict[str, Any]:
-    return {
-        "type": "header",
-        "version": journal_mod.JOURNAL_VERSION,
-        "mode": "locate",
-        "session": uuid.uuid4().hex[:12],
-        "repo": str(request.repo.resolve()) if request.repo else "",
-        "good_ref": request.good,
-        "bad_ref": request.bad,
-        "good": good.sha,
-        "bad": bad.sha,
+def _header(request: LocateRequest, good: Candidate, bad: Candidate) -> entries.HeaderEntry:
+    from bisect_tool import __version__
+
+    return entries.header(
+        session=uuid.uuid4().hex[:12],
+        mode="locate",
+        repo=str(request.repo.resolve()) if request.repo else "",
+        good_ref=request.good,
+        bad_ref=request.bad,
+        good=good.sha,
+        bad=bad.sha,
         # the two ends, as candidates (position 0: good, 1: bad), so the journal reads the same
-        "candidates": [good.to_dict(), bad.to_dict()],
-        "direction": "regression",
-        "recipe": request.recipe.to_dict(),
-        "level": "release" if request.releases is not None else "commit",
-        "lifetimes_per_cell": request.lifetimes_per_cell,
-        "python_dirs": {str(k): str(v) for k, v in request.python_dirs.items()},
-        "command": list(request.command),
-    }
+        candidates=[good.to_dict(), bad.to_dict()],
+        direction="regression",
+        recipe=request.recipe.to_dict(),
+        command=request.command,
+        tool_version=__version__,
+        level="release" if request.releases is not None else "commit",
+        lifetimes_per_cell=request.lifetimes_per_cell,
+        python_dirs={str(k): str(v) for k, v in request.python_dirs.items()},
+    )
 
 
 # -- the runtime ------------------------------------------------------------------------------

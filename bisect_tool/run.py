@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bisect_tool import entries, session
 from bisect_tool import journal as journal_mod
-from bisect_tool import session
 from bisect_tool.designs.bisect import BisectDesign, next_manual_candidate
 from bisect_tool.engine import Engine, journaled
 from bisect_tool.errors import StateError, UsageError
@@ -145,25 +145,21 @@ def _create(request: StartRequest) -> tuple[Path, CommitRange]:
     recipe_dict = recipe.to_dict() if recipe else {"search": dict(request.search_overrides or {})}
     mode = "run" if request.run_command else ("recipe" if recipe else "manual")
     clone = request.releases is None or request.releases.then_commits
+    if request.carried is not None:
+        extra["previous"] = dict(request.carried.summary)
     header = session.header_for(
         commit_range,
         recipe=recipe_dict,
         command=request.command,
         repo=request.repo.resolve() if clone else None,
         mode=mode,
-    )
-    if clone:
-        header["remote_url"] = remote_url(request.repo)
+        remote_url=remote_url(request.repo) if clone else "",
         # where the report's commit links point: the clone's own GitHub vLLM remote, or nowhere
-        header["repo_url"] = clone_link_base(request.repo)
-    else:
-        header["remote_url"] = ""
-        header["repo_url"] = ""
-    header["run_command"] = request.run_command or ""
-    header["run_timeout"] = request.run_timeout
-    header.update(extra)
-    if request.carried is not None:
-        header["previous"] = dict(request.carried.summary)
+        repo_url=clone_link_base(request.repo) if clone else "",
+        run_command=request.run_command or "",
+        run_timeout=request.run_timeout,
+        **extra,
+    )
     journal_mod.create(path, header)
     if request.carried is not None:
         _carry(path, header, request.carried)
@@ -396,7 +392,7 @@ def _environment(
     from bisect_tool.runtime.environment import environment_facts
 
     if not any(e.get("type") == "environment" for e in contents.entries):
-        state.apply(journal.append({"type": "environment", **environment_facts(recipe)}))
+        state.apply(journal.append(entries.environment(environment_facts(recipe))))
 
 
 def _outcome(state: session.State, next_candidate: Candidate | None = None) -> Outcome:
@@ -462,7 +458,7 @@ def probe_commit(
             runner = evaluators.controls_for(sha)
             assert runner is not None  # a server probe always has a controls runner
             observer(Note("running the controls (invariance off: concurrent, then sequential)"))
-            control_entry = runner.run()
+            control_entry = dict(runner.run())
             observer(ControlsEnded(bool(control_entry["ok"]), control_entry))
         for index in range(lifetimes):
             lifetime_id = f"{short(sha)}-probe-{index}"

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bisect_tool import __version__
+from bisect_tool import __version__, entries
 from bisect_tool.errors import StateError
-from bisect_tool.journal import JOURNAL_VERSION, JournalContents
+from bisect_tool.journal import JournalContents
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import SearchSettings
 from bisect_tool.strategy import BayesianStrategy, Costs, Priors
@@ -53,24 +53,26 @@ def header_for(
     command: Sequence[str] = (),
     repo: Path | None = None,
     mode: str = "manual",
-) -> dict[str, Any]:
-    return {
-        "type": "header",
-        "version": JOURNAL_VERSION,
-        "session": session or uuid.uuid4().hex[:12],
-        "repo": str(repo) if repo else "",
-        "good_ref": commit_range.good_ref,
-        "bad_ref": commit_range.bad_ref,
-        "good": commit_range.good,
-        "bad": commit_range.bad,
-        "direction": str(commit_range.direction),
-        "paths": list(commit_range.paths),
-        "candidates": [c.to_dict() for c in commit_range.candidates],
-        "recipe": recipe or {},
-        "mode": mode,
-        "tool_version": __version__,
-        "command": list(command),
-    }
+    **more: Any,
+) -> entries.HeaderEntry:
+    """A bisect journal's header: the range resolved, the recipe, how it was started (``more``:
+    the other fields ``entries.HeaderEntry`` names)."""
+    return entries.header(
+        session=session or uuid.uuid4().hex[:12],
+        mode=mode,
+        candidates=[c.to_dict() for c in commit_range.candidates],
+        direction=str(commit_range.direction),
+        good=commit_range.good,
+        bad=commit_range.bad,
+        good_ref=commit_range.good_ref,
+        bad_ref=commit_range.bad_ref,
+        repo=str(repo) if repo else "",
+        recipe=recipe,
+        command=command,
+        paths=commit_range.paths,
+        tool_version=__version__,
+        **more,
+    )
 
 
 def search_settings(header: dict[str, Any]) -> SearchSettings:
@@ -136,7 +138,7 @@ class State:
             return self.narrow
         return self.strategy
 
-    def apply(self, entry: dict[str, Any]) -> None:
+    def apply(self, entry: Mapping[str, Any]) -> None:
         kind = entry.get("type")
         if kind == "observation":
             lid = entry.get("lifetime_id", "")
@@ -149,13 +151,13 @@ class State:
             self.verdicts.setdefault(int(entry["position"]), []).append(Verdict.UNTESTABLE)
             self.strategy.mark_untestable(int(entry["position"]))
         elif kind == "controls":
-            self.controls = entry
+            self.controls = dict(entry)
         elif kind == "phase":
             self._enter(entry)
         elif kind == "end":
-            self.end = entry
+            self.end = dict(entry)
 
-    def _observe(self, tier: Tier, entry: dict[str, Any]) -> None:
+    def _observe(self, tier: Tier, entry: Mapping[str, Any]) -> None:
         strategy = self.strategy_for(tier)
         pos = int(entry["position"])
         commit = entry["commit"]
@@ -215,7 +217,9 @@ class State:
                 if each is not None and not each.counts.total[pos]:
                     each.mark_untestable(pos)
 
-    def _time(self, tier: Tier, pos: int, entry: dict[str, Any], detail: dict[str, Any]) -> None:
+    def _time(
+        self, tier: Tier, pos: int, entry: Mapping[str, Any], detail: Mapping[str, Any]
+    ) -> None:
         """The run's own costs (``measured_costs``): what a lifetime took beyond its artifact,
         and what getting a candidate's artifact took the first time (later ones hit the
         cache, which ``artifacts_ready`` already prices at nothing)."""
@@ -234,7 +238,7 @@ class State:
             self._fetched.add(pos)
             times.artifact_s.append(artifact)
 
-    def _enter(self, entry: dict[str, Any]) -> None:
+    def _enter(self, entry: Mapping[str, Any]) -> None:
         phase = Phase(entry["phase"])
         if phase is Phase.CONFIRM:
             self.sides = Sides(int(entry["bad_side"]), int(entry["good_side"]))
@@ -244,7 +248,7 @@ class State:
             )
             self.strategy.set_prior(self.prior.in_range, self.prior.ends)
         self.phase = phase
-        self.phases.append(entry)
+        self.phases.append(dict(entry))
 
     def measured_costs(self, tier: Tier) -> Costs:
         """The costs the strategy chooses by: the recipe's only until the run measured its own
@@ -398,19 +402,5 @@ def replay(contents: JournalContents) -> State:
 
 def observation_entry(
     obs: Observation, position: int, tier: Tier = Tier.FAITHFUL
-) -> dict[str, Any]:
-    entry = {
-        "type": "observation",
-        "lifetime_id": obs.lifetime_id,
-        "commit": obs.commit,
-        "position": position,
-        "verdict": str(obs.verdict),
-        "detail": obs.detail,
-        "message": obs.message,
-        "duration_s": round(obs.duration_s, 3),
-    }
-    if tier is not Tier.FAITHFUL:  # absent = faithful: journals before tiers read the same
-        entry["tier"] = str(tier)
-    return entry
-
-
+) -> entries.ObservationEntry:
+    return entries.observation(obs, position, tier=tier)

@@ -19,7 +19,7 @@ one cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,7 +63,7 @@ class Controls:
 class Record:
     """Journal ``entry`` as it is, then decide again; ``note`` says why in one line."""
 
-    entry: dict[str, Any]
+    entry: Mapping[str, Any]
     note: str = ""
 
 
@@ -80,17 +80,17 @@ Step = Work | Controls | Record | Finish
 class Design(Protocol):
     """What the engine and ``drive`` need of a design."""
 
-    def apply(self, entry: dict[str, Any]) -> None:
+    def apply(self, entry: Mapping[str, Any]) -> None:
         """Take one journal entry into account (as written, or as replayed)."""
         ...
 
     def next_step(self) -> Step: ...
 
-    def observation_entry(self, item: Item, obs: Observation) -> dict[str, Any]:
+    def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
         """The journal entry of one finished lifetime."""
         ...
 
-    def end_entry(self, finish: Finish) -> dict[str, Any]:
+    def end_entry(self, finish: Finish) -> Mapping[str, Any]:
         """The journal's ``end`` entry for ``finish`` (its summary included)."""
         ...
 
@@ -102,7 +102,7 @@ class Design(Protocol):
 #: what ``drive`` calls for each item: (item) -> its observation
 Evaluate = Callable[[Item], Observation]
 #: what ``drive`` calls for a ``Controls`` step: (commit) -> the controls entry
-RunControls = Callable[[str], dict[str, Any]]
+RunControls = Callable[[str], Mapping[str, Any]]
 
 
 def drive(

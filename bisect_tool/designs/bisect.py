@@ -11,9 +11,11 @@ out; ``designs.drive`` does the same for ``bisect simulate``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bisect_tool import entries
 from bisect_tool.designs import Controls, Finish, Item, Record, Step, Work
 from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
 from bisect_tool.range import Candidate
@@ -40,9 +42,9 @@ class _Lifetimes:
 _Decision = _Lifetimes | Finish | Record
 
 
-def _switch(entry: dict[str, Any]) -> Record:
-    """A phase entry: the tiered search moves on (its message says why)."""
-    return Record(entry, str(entry.get("message", "")))
+def _switch(to: Phase, message: str, **sides: Any) -> Record:
+    """A phase entry: the tiered search moves on to ``to`` (``message`` says why)."""
+    return Record(entries.phase(to, message, **sides), message)
 
 
 class BisectDesign:
@@ -58,7 +60,7 @@ class BisectDesign:
 
     # -- the Design protocol ----------------------------------------------------------------
 
-    def apply(self, entry: dict[str, Any]) -> None:
+    def apply(self, entry: Mapping[str, Any]) -> None:
         self.state.apply(entry)
 
     def next_step(self) -> Step:
@@ -74,11 +76,11 @@ class BisectDesign:
             return decision
         return self._lifetimes(decision)
 
-    def observation_entry(self, item: Item, obs: Observation) -> dict[str, Any]:
+    def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
         position, tier = item.key
         return observation_entry(obs, position, tier)
 
-    def end_entry(self, finish: Finish) -> dict[str, Any]:
+    def end_entry(self, finish: Finish) -> Mapping[str, Any]:
         return end_entry(self.state, finish.state, finish.message)
 
     def progress(self, item: Item) -> Event | None:
@@ -102,11 +104,8 @@ class BisectDesign:
             batch = strategy.select_batch(self.slots, decision.within)
         except NoCandidateLeft as exc:
             if tier is Tier.NARROW or decision.within is not None:
-                return _switch({
-                    "type": "phase", "phase": str(Phase.FAITHFUL),
-                    "message": f"the tiered search cannot go on ({exc}); going on with "
-                               "lifetimes over the whole range",
-                })
+                return _switch(Phase.FAITHFUL, f"the tiered search cannot go on ({exc}); going "
+                                               "on with lifetimes over the whole range")
             return Finish(EndState.NO_CANDIDATE, str(exc))
         items: list[Item] = []
         events: list[Event] = []
@@ -167,10 +166,10 @@ def _narrow_step(state: State) -> _Decision:
         # probe failing its premise (a flaky check, say), and a posterior that explains it with
         # false alarms would only send it on to run every candidate. Hand over at once.
         clean, divergent = (state.candidates[i] for i in contradiction)
-        return _switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
+        return _switch(Phase.FAITHFUL, (
             f"the {kind} probe contradicted itself (the bug at {divergent.label}, none at "
             f"{clean.label} nearer the bad end): it does not behave deterministically for this "
-            "bug here; going on with lifetimes over the whole range, every observation kept")})
+            "bug here; going on with lifetimes over the whole range, every observation kept"))
     reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe")
     if reason is None and not narrow.counts.total.any() and len(narrow.counts.untestable) >= 2:
         # Two candidates in a row the fast probe could not run, and none it could: it cannot
@@ -187,28 +186,17 @@ def _narrow_step(state: State) -> _Decision:
         flip = state.candidates[block[0]]
         if sides is not None:
             bad, good = (state.candidates[sides.bad], state.candidates[sides.good])
-            return _switch({
-                "type": "phase",
-                "phase": str(Phase.CONFIRM),
-                "bad_side": sides.bad,
-                "good_side": sides.good,
-                "narrow_flip": flip.sha,
-                "narrow_confidence": mass,
-                "message": (
-                    f"the {kind} probe put the flip at {flip.label} ({mass:.1%}) in "
-                    f"{state.runs[Tier.NARROW]} runs; confirming with lifetimes on both sides: "
-                    f"{bad.label} (bug expected) and {good.label} (none expected)"
-                ),
-            })
+            return _switch(
+                Phase.CONFIRM,
+                f"the {kind} probe put the flip at {flip.label} ({mass:.1%}) in "
+                f"{state.runs[Tier.NARROW]} runs; confirming with lifetimes on both sides: "
+                f"{bad.label} (bug expected) and {good.label} (none expected)",
+                bad_side=sides.bad, good_side=sides.good, narrow_flip=flip.sha,
+                narrow_confidence=mass,
+            )
         message = "no candidate beside its flip can run with the faithful probe"
-    return _switch({
-        "type": "phase",
-        "phase": str(Phase.FAITHFUL),
-        "message": (
-            f"the {kind} probe could not narrow the range ({message}); going on with "
-            "lifetimes over the whole range"
-        ),
-    })
+    return _switch(Phase.FAITHFUL, f"the {kind} probe could not narrow the range ({message}); "
+                                   "going on with lifetimes over the whole range")
 
 
 def _confirm_step(state: State) -> _Decision:
@@ -219,15 +207,15 @@ def _confirm_step(state: State) -> _Decision:
         moved = confirm_sides(state.strategy_for(Tier.NARROW), s)
         if moved is not None and moved != sides:
             bad, good = state.candidates[moved.bad], state.candidates[moved.good]
-            return _switch({
-                "type": "phase", "phase": str(Phase.CONFIRM),
-                "bad_side": moved.bad, "good_side": moved.good,
-                "message": (f"a side of the flip cannot run with the faithful probe; confirming "
-                            f"at {bad.label} and {good.label} instead"),
-            })
-        return _switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
-            "no candidate beside the fast probe's flip can run with the faithful probe; going "
-            "on with lifetimes over the whole range")})
+            return _switch(
+                Phase.CONFIRM,
+                f"a side of the flip cannot run with the faithful probe; confirming at "
+                f"{bad.label} and {good.label} instead",
+                bad_side=moved.bad, good_side=moved.good,
+            )
+        return _switch(Phase.FAITHFUL, "no candidate beside the fast probe's flip can run with "
+                                       "the faithful probe; going on with lifetimes over the "
+                                       "whole range")
     # Both sides must have spoken: the prior alone (the fast probe's flip) is never the answer.
     if s.counts.divergent[sides.bad] and s.counts.total[sides.good] and s.done():
         return Finish(EndState.DONE, "the flip holds the asked confidence")
@@ -244,9 +232,9 @@ def _confirm_step(state: State) -> _Decision:
                f"did ({d} of {t} lifetimes divergent)" if which == "bad" else
                f"showed the bug at {state.candidates[pos].label}, where the fast probe did not "
                f"({d} of {t} lifetimes divergent)")
-        return _switch({"type": "phase", "phase": str(Phase.FAITHFUL), "message": (
+        return _switch(Phase.FAITHFUL, (
             f"the faithful probe {saw}: the fast probe is not a stand-in for this bug here; "
-            "going on with lifetimes over the whole range, every observation kept")})
+            "going on with lifetimes over the whole range, every observation kept"))
     if state.runs[Tier.FAITHFUL] >= budget:
         return Finish(EndState.BUDGET, f"budget of {budget} lifetimes exhausted")
     return _Lifetimes(Tier.FAITHFUL, sides.as_tuple())
@@ -321,21 +309,22 @@ def ends_contradict_message(
     )
 
 
-def end_entry(state: State, state_name: EndState, message: str) -> dict[str, Any]:
+def end_entry(state: State, state_name: EndState, message: str) -> entries.EndEntry:
     """The ``end`` entry (so `status` reports the outcome and a new `start` is allowed), with
     the summary at that point."""
     summary = state.summary()
     summary["state"] = str(state_name)
     summary["message"] = message
     slim = {k: v for k, v in summary.items() if k != "posterior"}
-    return {"type": "end", "state": str(state_name), "message": message, "summary": slim}
+    return entries.end(str(state_name), message, summary=slim)
 
 
 # -- manual mode: `bisect good|bad|skip` ------------------------------------------------------
 
 
-def manual_entry(state: State, commit: str, verdict: Verdict, message: str = "manual") -> dict[
-        str, Any]:
+def manual_entry(
+    state: State, commit: str, verdict: Verdict, message: str = "manual"
+) -> entries.ObservationEntry:
     """The observation entry of one verdict given by hand."""
     position = next((i for i, c in enumerate(state.candidates) if c.sha == commit), None)
     if position is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bisect_tool import entries
 from bisect_tool.designs import Controls, Finish, Item, Step, Work
 from bisect_tool.events import Event
 from bisect_tool.matrix import CELLS, Cell, CellCounts, Finding, Side, conclude, next_cell
@@ -47,19 +48,19 @@ class LocateDesign:
 
     # -- the Design protocol ----------------------------------------------------------------
 
-    def apply(self, entry: dict[str, Any]) -> None:
+    def apply(self, entry: Mapping[str, Any]) -> None:
         kind = entry.get("type")
         if kind == "observation":
             lid = str(entry.get("lifetime_id", ""))
             if lid and lid in self._seen:
                 return  # idempotent: a lifetime is counted once
             self._seen.add(lid)
-            self.observations.append(entry)
+            self.observations.append(dict(entry))
             self.counts = counts_of(self.observations)
         elif kind == "controls":
-            self.controls_entry = entry
+            self.controls_entry = dict(entry)
         elif kind == "end":
-            self.end = entry
+            self.end = dict(entry)
 
     def next_step(self) -> Step:
         if self.controls and self.controls_entry is None:
@@ -86,27 +87,22 @@ class LocateDesign:
             items.append(Item(str(cell.python), end.sha, lid, end.tags, cell))
         return Work(tuple(items))
 
-    def observation_entry(self, item: Item, obs: Observation) -> dict[str, Any]:
+    def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
         cell: Cell = item.key
-        return {
-            "type": "observation", "cell": cell.key, "lifetime_id": obs.lifetime_id,
-            "commit": obs.commit, "position": 0 if cell.compiled is Side.GOOD else 1,
-            "verdict": str(obs.verdict), "detail": obs.detail,
-            "message": obs.message, "duration_s": round(obs.duration_s, 3),
-        }
+        position = 0 if cell.compiled is Side.GOOD else 1
+        return entries.observation(obs, position, cell=cell.key)
 
-    def end_entry(self, finish: Finish) -> dict[str, Any]:
+    def end_entry(self, finish: Finish) -> Mapping[str, Any]:
         finding = self.finding()
-        return {
-            "type": "end", "state": str(finish.state), "message": finish.message,
-            "finding": {"explanation": str(finding.explanation),
-                        "probability": finding.probability,
-                        "posterior": {str(k): v for k, v in finding.posterior.items()},
-                        "decided": finding.decided,
-                        "tied": [str(t) for t in finding.tied]},
-            "summary": {"confidence": finding.probability,
-                        "evaluations": len(self.observations)},
-        }
+        return entries.end(
+            str(finish.state), finish.message,
+            finding={"explanation": str(finding.explanation),
+                     "probability": finding.probability,
+                     "posterior": {str(k): v for k, v in finding.posterior.items()},
+                     "decided": finding.decided,
+                     "tied": [str(t) for t in finding.tied]},
+            summary={"confidence": finding.probability, "evaluations": len(self.observations)},
+        )
 
     def progress(self, item: Item) -> Event | None:
         return None

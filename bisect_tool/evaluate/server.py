@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from bisect_tool import entries
 from bisect_tool.errors import (
     UntestableError,
 )
@@ -148,13 +149,7 @@ class ControlsRunner:
             if result.positive_ok:
                 break
         assert result is not None
-        return {
-            "type": "controls",
-            "commit": self.commit,
-            "ok": result.ok,
-            "problem": result.problem,
-            **result.to_detail(),
-        }
+        return dict(entries.controls(self.commit, result.ok, result.problem, result.to_detail()))
 
 
 # -- built the same way on every backend ----------------------------------------------------
