@@ -15,6 +15,7 @@ from bisect_tool import __version__
 from bisect_tool import journal as journal_mod
 from bisect_tool import recipe as recipe_mod
 from bisect_tool.artifacts.cli import artifacts_group
+from bisect_tool.commit_probe import probe_commit
 from bisect_tool.completion import complete_recipe
 from bisect_tool.demo.cli import demo_command
 from bisect_tool.errors import (
@@ -26,7 +27,7 @@ from bisect_tool.errors import (
 )
 from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
-from bisect_tool.probes.cli import probe_command
+from bisect_tool.probes.cli import probe_command, register_commit_prober
 from bisect_tool.run import Outcome
 from bisect_tool.runtime.cli import model_group
 from bisect_tool.simulate_cli import simulate_command
@@ -685,6 +686,7 @@ def report(
 
 
 cli.add_command(artifacts_group)
+register_commit_prober(probe_commit)
 cli.add_command(probe_command)
 cli.add_command(demo_command)
 cli.add_command(model_group)

@@ -102,6 +102,46 @@ def test_bisect_tool_has_no_import_cycle() -> None:
     assert cycles(graph) == []
 
 
+def room(module: str, root: Path = ROOT) -> str:
+    """The room a module lives in: its sub-package of bisect_tool (``bisect_tool.artifacts``),
+    or, for a module directly under bisect_tool, the module itself."""
+    parts = module.split(".")
+    if len(parts) >= 2 and (root / "bisect_tool" / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return module
+
+
+def folder_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """The import graph between rooms (function-level imports included, as in
+    ``import_graph``): the package's own sub-packages must not import each other both ways."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in import_graph(root).items():
+        here = room(module, root)
+        rooms.setdefault(here, set())
+        for target in targets:
+            there = room(target, root)
+            if there != here and there != "bisect_tool":
+                rooms[here].add(there)
+    return rooms
+
+
+def test_no_two_folders_import_each_other() -> None:
+    graph = folder_graph()
+    assert {"bisect_tool.artifacts", "bisect_tool.runtime", "bisect_tool.evaluate"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_the_folder_check_sees_a_cycle_made_in_a_function(tmp_path: Path) -> None:
+    pkg = tmp_path / "bisect_tool"
+    for sub in ("a", "b"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from bisect_tool.b import y\n")
+    (pkg / "b" / "y.py").write_text("def f():\n    from bisect_tool.a.x import g\n")
+    assert cycles(folder_graph(tmp_path)) == [["bisect_tool.a", "bisect_tool.b"]]
+
+
 def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
     pkg = tmp_path / "bisect_tool"
     pkg.mkdir()

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,18 @@ def _probe_extension(
 
 # ---- --commit: one candidate through the same stages a bisect uses -------------------------------
 
+#: (ref, recipe, repo, lifetimes, controls, state dir, probe overrides, as_json) -> the verdict
+CommitProber = Callable[[str, str, Path, int, bool, "Path | None", dict[str, Any], bool], Verdict]
+_commit_prober: CommitProber | None = None
+
+
+def register_commit_prober(prober: CommitProber) -> None:
+    """``--commit`` goes through the run owner, which the full tool registers here
+    (``bisect_tool.commit_probe``): this package never imports the stages above it, so
+    ``python -m bisect_tool.probes`` runs on a GPU machine with only click and httpx."""
+    global _commit_prober
+    _commit_prober = prober
+
 
 def _probe_commit(
     ref: str,
@@ -183,76 +196,10 @@ def _probe_commit(
     overrides: dict[str, Any],
     as_json: bool,
 ) -> Verdict:
-    """Probe ``lifetimes`` fresh lifetimes of one commit (and, with ``controls``, the controls)
-    through the run owner, exactly as a bisect would evaluate that candidate."""
-    # Imported here: --server/--extension must work without git, docker and the artifacts stage.
-    from bisect_tool import recipe as recipe_mod
-    from bisect_tool import run
-
-    recipe = recipe_mod.load(recipe_name).override("probe", **overrides)
-
-    def observer(event: Any) -> None:
-        from bisect_tool.events import ControlsEnded, LifetimeEnded, LifetimeStarted, Note
-
-        if isinstance(event, Note):
-            click.echo(event.text, err=True)
-        elif isinstance(event, LifetimeStarted):
-            click.echo(f"lifetime {event.lifetime_id}", err=True)
-        elif isinstance(event, LifetimeEnded) and not as_json:
-            _echo_lifetime(event, recipe.probe.kind)
-        elif isinstance(event, ControlsEnded) and not as_json:
-            _echo_controls(event.entry)
-
-    probed = run.probe_commit(
-        repo_path, ref, recipe, lifetimes=lifetimes, controls=controls, state_dir=state_dir,
-        observer=observer,
-    )
-    observations, note, verdict = probed.observations, probed.note, probed.verdict
-    sha = probed.sha
-    if as_json:
-        click.echo(json.dumps({
-            "commit": sha,
-            "ref": ref,
-            "verdict": verdict.value,
-            "note": note,
-            "lifetimes": [
-                {"lifetime_id": o.lifetime_id, "verdict": o.verdict.value, "message": o.message,
-                 "duration_s": round(o.duration_s, 3), "detail": o.detail}
-                for o in observations
-            ],
-            "controls": probed.controls,
-        }, indent=2, default=str))
-    else:
-        counts = ", ".join(
-            f"{sum(o.verdict is v for o in observations)} {v.value}"
-            for v in Verdict if any(o.verdict is v for o in observations)
+    if _commit_prober is None:
+        raise UsageError(
+            "--commit needs the whole tool (artifacts, runtime, git): run `bisect probe "
+            "--commit`, not `python -m bisect_tool.probes`"
         )
-        n = len(observations)
-        summary = f"{n} lifetime{'s' if n != 1 else ''}: {counts}" if n else "controls only"
-        click.echo(f"\n{verdict.value.upper()}: {sha[:12]} ({ref}): {summary}"
-                   + (f"; {note}" if note else ""))
-    return verdict
-
-
-def _echo_lifetime(obs: Any, kind: str) -> None:
-    """One ended lifetime (a ``LifetimeEnded`` event): its verdict line and its table."""
-    from bisect_tool.probes.render import render_op_detail, render_server_detail
-
-    click.echo(f"\n== lifetime {obs.lifetime_id}: {obs.verdict.upper()}: {obs.message}")
-    if obs.detail and obs.verdict != Verdict.UNTESTABLE:
-        render = render_op_detail if kind == "op" else render_server_detail
-        click.echo(render(obs.detail))
-
-
-def _echo_controls(entry: dict[str, Any]) -> None:
-    from bisect_tool.probes.render import render_server_detail
-
-    for name, want in (("positive", "divergent"), ("negative", "clean")):
-        part = entry.get(name) or {}
-        got = str(part.get("verdict", "?"))
-        held = "held" if got == want else "FAILED"
-        click.echo(f"\n== {name} control (must be {want}): {got.upper()} ({held}): "
-                   f"{part.get('message', '')}")
-        if part.get("detail"):
-            click.echo(render_server_detail(part["detail"]))
-    click.echo(f"\ncontrols: {'ok' if entry.get('ok') else entry.get('problem')}")
+    return _commit_prober(ref, recipe_name, repo_path, lifetimes, controls, state_dir,
+                          overrides, as_json)
