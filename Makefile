@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint docker-up clean
+.PHONY: demo test check lint docker-up clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	-bash scripts/docker-up.sh
 	$(BIN)/python -m pytest -q -ra
+
+# The fast tier for a change in progress: no Docker, no end-to-end demo runs (`make test` runs
+# everything, as CI does).
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not docker"
 
 lint: $(STAMP)
 	$(BIN)/ruff check bisect_tool tests bench

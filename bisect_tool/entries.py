@@ -102,6 +102,7 @@ class ControlsEntry(TypedDict, total=False):
     problem: str
     positive: dict[str, Any]
     negative: dict[str, Any]
+    attempts: int  # lifetimes they took (the positive control may be intermittent too)
 
 
 class PhaseEntry(TypedDict, total=False):
@@ -175,12 +176,15 @@ def observation(
     return entry
 
 
-def controls(commit: str, ok: bool, problem: str, results: Mapping[str, Any]) -> ControlsEntry:
+def controls(
+    commit: str, ok: bool, problem: str, results: Mapping[str, Any], *, attempts: int = 1
+) -> ControlsEntry:
     """The controls on ``commit``; ``results``: the positive and negative probe results."""
     return {
         "type": "controls", "commit": commit, "ok": ok, "problem": problem,
         "positive": dict(results.get("positive") or {}),
         "negative": dict(results.get("negative") or {}),
+        "attempts": attempts,
     }
 
 

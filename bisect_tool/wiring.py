@@ -110,7 +110,7 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         pool = w.pool or GpuPool(runtime.gpus, per_gpu=runtime.lifetimes_per_gpu)
         evaluator = server_evaluator(
             w.recipe, w.provider, backend, session=w.session, log_dir=w.log_dir, tags=w.tags,
-            gpu_lease=pool.lease, observer=w.observer,
+            gpu_lease=pool.lease, boot_lock=pool.booting, observer=w.observer,
         )
 
         def controls_for(commit: str) -> ControlsRunner:

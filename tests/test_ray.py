@@ -610,3 +610,43 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     (drive_crash if args.mode == "crash" else drive)(args.workdir, args.address, args.out)
+
+
+def test_the_controls_on_a_ray_node_honour_the_recipes_attempts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A Ray task's controls are built as a single host's are (one wiring): the positive
+    control is retried ``control_attempts`` times, not the runner's default of 3."""
+    from contextlib import contextmanager
+
+    from bisect_tool.evaluate import ray as ray_mod
+    from bisect_tool.interfaces import ProbeResult, ServerHandle
+    from bisect_tool.recipe import ProbeSettings, RuntimeSettings
+    from bisect_tool.values import Verdict
+
+    boots: list[str] = []
+
+    class NeverDiverges:
+        def run(self, server: ServerHandle, is_alive: object = None) -> ProbeResult:
+            return ProbeResult(Verdict.CLEAN, {}, "clean")
+
+    class Node:
+        probe_factory = staticmethod(lambda sequential: NeverDiverges())
+
+        def _swap(self, commit: str, tags: object = ()) -> SwapSet:
+            return SwapSet(commit, {})
+
+        @contextmanager
+        def boot(self, swap: SwapSet, lid: str, env: object) -> Any:
+            boots.append(lid)
+            yield ServerHandle("http://127.0.0.1:1", lid, tmp_path / "log")
+
+    monkeypatch.setattr(ray_mod, "_node_evaluator", lambda *args: Node())
+    monkeypatch.setattr(ray_mod, "unpack_swap", lambda shipped: SwapSet(shipped.commit, {}))
+    monkeypatch.setattr(ray_mod, "_where", lambda: {})
+    shipped = ray_mod.ShippedSwap("c" * 40, ())
+    entry = ray_mod.run_controls_task(
+        RuntimeSettings(), ProbeSettings(control_attempts=2), "s", shipped
+    )
+    assert entry["type"] == "controls" and entry["ok"] is False
+    assert entry["attempts"] == 2 and len(boots) == 2

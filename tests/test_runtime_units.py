@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -110,6 +111,63 @@ def test_gpu_pool_without_gpus_gives_anonymous_slots() -> None:
             pass
     with pool.lease(timeout=0.01) as again:  # given back on exit
         assert again is None
+
+
+def test_lifetimes_sharing_a_gpu_boot_one_at_a_time_and_probe_together(tmp_path: Path) -> None:
+    """[runtime] lifetimes_per_gpu = 2: the second lifetime boots while the first probes (the
+    two probes meet at a barrier), but never while the first boots: two vLLM servers profiling
+    one GPU at once each count the other's memory as their own."""
+    import contextlib
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bisect_tool.evaluate.server import server_evaluator
+    from bisect_tool.interfaces import ProbeResult, ServerHandle, SwapSet
+    from bisect_tool.recipe import Recipe
+    from bisect_tool.values import Verdict
+
+    pool = GpuPool(["0"], per_gpu=2)
+    lock = threading.Lock()
+    booting, peak = [0], [0]
+    both_booting = threading.Barrier(2, timeout=1)  # passes only if two boots overlap
+    both_probing = threading.Barrier(2, timeout=30)
+
+    class Backend:
+        @contextlib.contextmanager
+        def lifetime(self, spec: object) -> Any:
+            with lock:
+                booting[0] += 1
+                peak[0] = max(peak[0], booting[0])
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_booting.wait()
+            with lock:
+                booting[0] -= 1
+            yield ServerHandle("http://127.0.0.1:1", "x", tmp_path / "log")
+
+        def check_compatible(self, swap: SwapSet) -> None:
+            return None
+
+    class Probe:
+        def run(self, server: ServerHandle, is_alive: object = None) -> ProbeResult:
+            both_probing.wait()  # both lifetimes are up at once
+            return ProbeResult(Verdict.CLEAN, {}, "clean")
+
+    class Given:
+        def get(self, commit: str, tags: object = ()) -> SwapSet:
+            return SwapSet(commit, {})
+
+        def prefetch(self, commits: object, tags: object) -> None:
+            return None
+
+    evaluator = server_evaluator(
+        Recipe("t"), Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
+        gpu_lease=pool.lease, boot_lock=pool.booting,
+    )
+    evaluator.probe_factory = lambda sequential: Probe()
+    with ThreadPoolExecutor(2) as threads:
+        seen = list(threads.map(lambda lid: evaluator.evaluate("c" * 40, lid), ["a", "b"]))
+    assert [o.verdict for o in seen] == [Verdict.CLEAN, Verdict.CLEAN]
+    assert peak[0] == 1
 
 
 def test_gpu_pool_rejects_bad_lists() -> None:

@@ -165,7 +165,7 @@ def run_controls_task(
     """The positive and negative controls on one candidate, on one node."""
     swap = unpack_swap(shipped)
     evaluator = _node_evaluator(settings, probe, session, swap)
-    # the recipe's control_attempts, as on a single host (wiring.controls_runner's rule)
+    # the recipe's control_attempts, as on a single host
     entry = controls_runner(probe, evaluator, shipped.commit, {}).run()
     entry["where"] = _where()
     return entry

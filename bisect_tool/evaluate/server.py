@@ -3,6 +3,7 @@ probe; and the controls on one candidate."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -41,8 +42,10 @@ class ServerEvaluator(_ArtifactEvaluator):
         log_dir: Path,
         tags: Mapping[str, Sequence[str]],
         gpu_lease: Callable[[], AbstractContextManager[str | None]],
+        boot_lock: Callable[[str | None], AbstractContextManager[None]] | None = None,
     ) -> None:
         super().__init__(provider, tags)
+        self.boot_lock = boot_lock or (lambda _gpu: contextlib.nullcontext())
         self.backend = backend
         self.probe_factory = probe_factory
         self.session = session
@@ -82,10 +85,15 @@ class ServerEvaluator(_ArtifactEvaluator):
     ) -> AbstractContextManager[ServerHandle]:
         @contextmanager
         def _boot() -> Iterator[ServerHandle]:
-            with self.gpu_lease() as gpu:
+            with self.gpu_lease() as gpu, contextlib.ExitStack() as running:
                 spec = LifetimeSpec(self.session, lifetime_id, swap, gpu, env, self.log_dir)
-                with self.backend.lifetime(spec) as server:
-                    yield server
+                # One server boots on a GPU at a time (until /health), even where several
+                # share it: two vLLM servers profiling one GPU at once each count the other's
+                # memory as their own (seen on the H200: "Available KV cache memory: -0.67
+                # GiB"). The next lifetime's boot still overlaps this one's probe.
+                with self.boot_lock(gpu):
+                    server = running.enter_context(self.backend.lifetime(spec))
+                yield server
 
         return _boot()
 
@@ -137,7 +145,9 @@ class ControlsRunner:
 
         swap = self.evaluator._swap(self.commit, self.tags.get(self.commit, ()))
         result = None
+        tried = 0
         for attempt in range(self.attempts):
+            tried += 1
             lid = f"control-{short(self.commit)}-{attempt}"
 
             def boot(
@@ -149,7 +159,9 @@ class ControlsRunner:
             if result.positive_ok:
                 break
         assert result is not None
-        return dict(entries.controls(self.commit, result.ok, result.problem, result.to_detail()))
+        return dict(entries.controls(
+            self.commit, result.ok, result.problem, result.to_detail(), attempts=tried
+        ))
 
 
 # -- built the same way on every backend ----------------------------------------------------
@@ -174,6 +186,7 @@ def server_evaluator(
     log_dir: Path,
     tags: Mapping[str, Sequence[str]],
     gpu_lease: Callable[[], AbstractContextManager[str | None]],
+    boot_lock: Callable[[str | None], AbstractContextManager[None]] | None = None,
     observer: Observer = ignore,
 ) -> ServerEvaluator:
     """Artifacts -> gate -> one lifetime on ``backend`` -> the server probe: the same on every
@@ -186,6 +199,7 @@ def server_evaluator(
         log_dir=log_dir,
         tags=tags,
         gpu_lease=gpu_lease,
+        boot_lock=boot_lock,
     )
     evaluator.observer = observer
     return evaluator

@@ -128,8 +128,13 @@ def probe_command(
     if commit is not None:
         overrides = {"requests": requests, "fillers": fillers, "repeats": repeats,
                      "max_tokens": max_tokens, "jitter_ms": jitter_ms}
-        verdict = _probe_commit(commit, recipe, repo, lifetimes, controls, state_dir,
-                                overrides, as_json)
+        if _commit_prober is None:
+            raise UsageError(
+                "--commit needs the whole tool (artifacts, runtime, git): run `bisect probe "
+                "--commit`, not `python -m bisect_tool.probes`"
+            )
+        verdict = _commit_prober(commit, recipe, repo, lifetimes, controls, state_dir,
+                                 overrides, as_json)
         sys.exit(EXIT_CODES[verdict])
     settings = probe_settings(recipe, requests=requests, fillers=fillers, repeats=repeats,
                               max_tokens=max_tokens, jitter_ms=jitter_ms)
@@ -184,22 +189,3 @@ def register_commit_prober(prober: CommitProber) -> None:
     ``python -m bisect_tool.probes`` runs on a GPU machine with only click and httpx."""
     global _commit_prober
     _commit_prober = prober
-
-
-def _probe_commit(
-    ref: str,
-    recipe_name: str,
-    repo_path: Path,
-    lifetimes: int,
-    controls: bool,
-    state_dir: Path | None,
-    overrides: dict[str, Any],
-    as_json: bool,
-) -> Verdict:
-    if _commit_prober is None:
-        raise UsageError(
-            "--commit needs the whole tool (artifacts, runtime, git): run `bisect probe "
-            "--commit`, not `python -m bisect_tool.probes`"
-        )
-    return _commit_prober(ref, recipe_name, repo_path, lifetimes, controls, state_dir,
-                          overrides, as_json)

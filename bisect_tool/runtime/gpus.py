@@ -1,14 +1,18 @@
 """Leases on GPUs so several lifetimes run at once, each pinned to its own device.
 
-One lifetime per GPU: the bug under study depends on how a step's batch forms, so two servers
-sharing a device would perturb each other's timing and memory. With no GPUs (CPU targets such as
-the demo engine) the pool hands out anonymous slots (``None``) to bound concurrency instead.
+One lifetime per GPU by default: the bug under study depends on how a step's batch forms, so two
+servers sharing a device perturb each other's timing. ``[runtime] lifetimes_per_gpu`` lets
+several share one (a small model on a large GPU); ``booting(gpu)`` then lets only one of them
+boot at a time, so the next lifetime's boot overlaps this one's probe but never its memory
+profiling. With no GPUs (CPU targets such as the demo engine) the pool hands out anonymous slots
+(``None``) to bound concurrency instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
+import threading
 from collections.abc import Iterator, Sequence
 
 from bisect_tool.errors import UsageError
@@ -35,6 +39,7 @@ class GpuPool:
         self._free: queue.Queue[str | None] = queue.Queue()
         for item in self._items:
             self._free.put(item)
+        self._boots = {g: threading.Lock() for g in ids}
 
     @property
     def size(self) -> int:
@@ -56,3 +61,14 @@ class GpuPool:
             yield item
         finally:
             self._free.put(item)
+
+    @contextlib.contextmanager
+    def booting(self, gpu: str | None) -> Iterator[None]:
+        """Held while a server boots on ``gpu`` (until /health): one boot per GPU at a time.
+        An anonymous slot (no GPU) boots freely."""
+        lock = self._boots.get(gpu) if gpu is not None else None
+        if lock is None:
+            yield
+            return
+        with lock:
+            yield
