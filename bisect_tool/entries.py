@@ -103,6 +103,7 @@ class ControlsEntry(TypedDict, total=False):
     positive: dict[str, Any]
     negative: dict[str, Any]
     attempts: int  # lifetimes they took (the positive control may be intermittent too)
+    untestable: bool  # the candidate could not run them (gate, boot): they move to another
 
 
 class PhaseEntry(TypedDict, total=False):
@@ -177,15 +178,19 @@ def observation(
 
 
 def controls(
-    commit: str, ok: bool, problem: str, results: Mapping[str, Any], *, attempts: int = 1
+    commit: str, ok: bool, problem: str, results: Mapping[str, Any], *, attempts: int = 1,
+    untestable: bool = False,
 ) -> ControlsEntry:
     """The controls on ``commit``; ``results``: the positive and negative probe results."""
-    return {
+    entry: ControlsEntry = {
         "type": "controls", "commit": commit, "ok": ok, "problem": problem,
         "positive": dict(results.get("positive") or {}),
         "negative": dict(results.get("negative") or {}),
         "attempts": attempts,
     }
+    if untestable:
+        entry["untestable"] = True
+    return entry
 
 
 def environment(facts: Mapping[str, Any]) -> dict[str, Any]:

@@ -122,6 +122,8 @@ class State:
     )
     _fetched: set[int] = dataclasses.field(default_factory=set)
     boot_failures: dict[tuple[Tier, int], int] = dataclasses.field(default_factory=dict)
+    #: controls entries of candidates that could not run them (the controls moved on)
+    controls_refused: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def direction(self) -> Direction:
@@ -151,7 +153,15 @@ class State:
             self.verdicts.setdefault(int(entry["position"]), []).append(Verdict.UNTESTABLE)
             self.strategy.mark_untestable(int(entry["position"]))
         elif kind == "controls":
-            self.controls = dict(entry)
+            if entry.get("untestable"):
+                # the candidate could not run the controls (the gate refused it, its server
+                # never booted): it is untestable for lifetimes, and the controls move on
+                self.controls_refused.append(dict(entry))
+                position = self.position_of(str(entry.get("commit", "")))
+                if position is not None and not self.strategy.counts.total[position]:
+                    self.strategy.mark_untestable(position)
+            else:
+                self.controls = dict(entry)
         elif kind == "phase":
             self._enter(entry)
         elif kind == "end":
@@ -263,6 +273,9 @@ class State:
         else:
             new = lifetime * guess.new_candidate / guess.lifetime
         return Costs(new_candidate=new, lifetime=lifetime)
+
+    def position_of(self, commit: str) -> int | None:
+        return next((i for i, c in enumerate(self.candidates) if c.sha == commit), None)
 
     def stand_in_probability(self) -> float | None:
         """P(the fast probe is a valid stand-in | the faithful lifetimes), once confirming."""

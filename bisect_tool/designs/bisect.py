@@ -65,15 +65,23 @@ class BisectDesign:
 
     def next_step(self) -> Step:
         state = self.state
-        if self.controls and state.controls is None:
-            good = state.candidates[state.strategy.good_end]
-            return Controls(good.sha, FAITHFUL, "running the controls on the good end")
         problem = controls_problem(state.controls)
         if problem:
             return Finish(EndState.CONTROLS_FAILED, problem)
         decision = decide(state)
         if not isinstance(decision, _Lifetimes):
             return decision
+        if decision.tier is Tier.FAITHFUL and self.controls and state.controls is None:
+            # Before the first lifetime counts: the controls, on the good end or, where the
+            # pinned stack cannot run it, the nearest testable candidate toward the bad end. A
+            # tiered run narrows first, so its fast probe gates the ends before this.
+            _, good = state.strategy.effective_ends()
+            if good is None:
+                return Finish(EndState.END_UNTESTABLE, (
+                    "no candidate at the good end can run the controls: "
+                    + "; ".join(str(e.get("problem", "")) for e in state.controls_refused)))
+            where = state.candidates[good]
+            return Controls(where.sha, FAITHFUL, f"running the controls on {where.label}")
         return self._lifetimes(decision)
 
     def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
@@ -170,6 +178,9 @@ def _narrow_step(state: State) -> _Decision:
             f"the {kind} probe contradicted itself (the bug at {divergent.label}, none at "
             f"{clean.label} nearer the bad end): it does not behave deterministically for this "
             "bug here; going on with lifetimes over the whole range, every observation kept"))
+    shown = _fast_probe_good_end(state, narrow, kind)
+    if shown is not None:
+        return shown
     reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe")
     if reason is None and not narrow.counts.total.any() and len(narrow.counts.untestable) >= 2:
         # Two candidates in a row the fast probe could not run, and none it could: it cannot
@@ -197,6 +208,34 @@ def _narrow_step(state: State) -> _Decision:
         message = "no candidate beside its flip can run with the faithful probe"
     return _switch(Phase.FAITHFUL, f"the {kind} probe could not narrow the range ({message}); "
                                    "going on with lifetimes over the whole range")
+
+
+def _fast_probe_good_end(state: State, narrow: BayesianStrategy, kind: str) -> Finish | None:
+    """The fast probe checks both ends first: a good end it shows the bug at cannot be the good
+    end, and the run stops in seconds, before any lifetime boots, saying what each end showed
+    (given the wrong way round, 0.22.0 as good and 0.28.0 as bad, the controls once booted
+    0.22.0's extension in 0.26.0's Python for nothing)."""
+    bad, good = narrow.effective_ends()
+    d, t = narrow.counts.divergent, narrow.counts.total
+    if good is None or not t[good] or not d[good]:
+        return None
+    g = state.candidates[good]
+    said = f"the {kind} probe shows the bug at the good end {g.label} ({d[good]} of {t[good]})"
+    if bad is not None and t[bad]:
+        b = state.candidates[bad]
+        if d[bad]:
+            return Finish(EndState.ENDS_CONTRADICT, (
+                f"{said} and at the bad end {b.label} ({d[bad]} of {t[bad]}): it does not tell "
+                "the ends apart; give another --good, or search with lifetimes alone "
+                "(--no-narrow)"))
+        return Finish(EndState.ENDS_CONTRADICT, (
+            f"{said}, not at the bad end {b.label} (0 of {t[bad]}): the ends look the wrong "
+            f"way round; try --good {b.tags[0] if b.tags else b.sha} "
+            f"--bad {g.tags[0] if g.tags else g.sha}, or search with lifetimes alone "
+            "(--no-narrow)"))
+    return Finish(EndState.ENDS_CONTRADICT, (
+        f"{said}: it cannot be the good end; give another --good, or search with lifetimes "
+        "alone (--no-narrow)"))
 
 
 def _confirm_step(state: State) -> _Decision:

@@ -53,13 +53,18 @@ class ServerEvaluator(_ArtifactEvaluator):
         self.gpu_lease = gpu_lease
         self._gated: set[str] = set()
 
+    def gate(self, swap: SwapSet) -> None:
+        """Raise ``IncompatibleExtension`` when the pinned stack cannot load ``swap`` (asked
+        once a candidate): every lifetime, the controls' too, is gated before it boots."""
+        if swap.commit not in self._gated:
+            self.backend.check_compatible(swap)
+            self._gated.add(swap.commit)
+
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
         started = time.monotonic()
         try:
             swap = self._swap(commit, tags or self.tags.get(commit, ()))
-            if commit not in self._gated:
-                self.backend.check_compatible(swap)
-                self._gated.add(commit)
+            self.gate(swap)
             artifacts_s = time.monotonic() - started
             self._announce(commit, artifacts_s)
             result = self.run_lifetime(swap, lifetime_id, {}, sequential=False)
@@ -140,11 +145,23 @@ class ControlsRunner:
 
     def run(self) -> dict[str, Any]:
         """Up to ``attempts`` lifetimes until the positive control diverges (it may be
-        intermittent too), each also running the sequential negative control."""
-        from bisect_tool.probes.controls import run_controls
+        intermittent too), each also running the sequential negative control. The candidate is
+        gated first, as every lifetime is: one the pinned stack cannot load, or whose server
+        never boots, says so (``untestable``) and the run moves the controls to another."""
+        from bisect_tool.probes.controls import ControlsResult, run_controls
 
-        swap = self.evaluator._swap(self.commit, self.tags.get(self.commit, ()))
-        result = None
+        try:
+            swap = self.evaluator._swap(self.commit, self.tags.get(self.commit, ()))
+            self.evaluator.gate(swap)
+        except UntestableError as exc:
+            failed = ProbeResult(Verdict.UNTESTABLE, {"stage": untestable_stage(exc)},
+                                 f"{short(self.commit)}: {exc}")
+            refused = ControlsResult(failed, failed)
+            return dict(entries.controls(
+                self.commit, False, refused.problem, refused.to_detail(), attempts=0,
+                untestable=True,
+            ))
+        result: ControlsResult | None = None
         tried = 0
         for attempt in range(self.attempts):
             tried += 1
@@ -156,11 +173,12 @@ class ControlsRunner:
                 return self.evaluator.boot(swap, lid, env)
 
             result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env)
-            if result.positive_ok:
+            if result.positive_ok or result.could_not_run:
                 break
         assert result is not None
         return dict(entries.controls(
-            self.commit, result.ok, result.problem, result.to_detail(), attempts=tried
+            self.commit, result.ok, result.problem, result.to_detail(), attempts=tried,
+            untestable=result.could_not_run,
         ))
 
 

@@ -46,8 +46,18 @@ class ControlsResult:
         return self.positive_ok and self.negative_ok
 
     @property
+    def could_not_run(self) -> bool:
+        """Neither control ran: the candidate's server did not boot (or the gate refused it)."""
+        return (self.positive.verdict is Verdict.UNTESTABLE
+                and self.negative.verdict is Verdict.UNTESTABLE)
+
+    @property
     def problem(self) -> str:
         """"" when both controls held; else what failed and what to change."""
+        if self.could_not_run:
+            # No probe advice: the probe never ran (vLLM 0.22.0's _C under 0.26.0's Python
+            # died before /health, and the advice to fix the sampler was wrong).
+            return f"the controls could not run: {self.positive.message or 'no message'}"
         problems = []
         if not self.positive_ok:
             problems.append(
