@@ -21,7 +21,8 @@ import json
 import os
 import signal
 import socket
-from collections.abc import Collection, Iterator
+import time
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,6 +63,34 @@ def _pgrp(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[2])
+
+
+def _running_in(groups: Collection[int]) -> list[int]:
+    """The processes of ``groups`` that have not died yet (a zombie has: it only waits to be
+    reaped by its parent, or by init once that is gone)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) in groups and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def wait_gone(groups: Collection[int], timeout_s: float = 10.0) -> bool:
+    """Wait until every process of ``groups`` (already sent SIGKILL) has died: a signal is
+    delivered when its target next runs, not when ``kill`` returns. False if some still run
+    after ``timeout_s`` (in uninterruptible sleep: stuck in the kernel, e.g. on a dead NFS)."""
+    deadline = time.monotonic() + timeout_s
+    while _running_in(groups):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 class Registry:
@@ -153,6 +182,28 @@ def end_labelled(session: str, keep: Collection[int] = ()) -> int:
         if group is not None and group not in keep:
             groups.add(group)
     return sum(1 for g in groups if _kill(g))
+
+
+def end_carrying(label: Mapping[str, str]) -> set[int]:
+    """SIGKILL the process groups of the processes whose environment carries every entry of
+    ``label`` (a probe's members that left its process group: ``setsid``, a daemon); the groups.
+    The tool's own group is never one of them."""
+    from bisect_tool.runtime.local import _pids_with_env
+
+    if not label:
+        return set()
+    wanted = {f"{k}={v}".encode() for k, v in label.items()}
+    name, value = next(iter(label.items()))
+    groups = set()
+    for pid in _pids_with_env(name, value):
+        try:
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        group = _pgrp(pid)
+        if wanted <= env and group is not None:
+            groups.add(group)
+    return {g for g in groups if _kill(g)}
 
 
 def end_all(state_dir: Path, session: str) -> int:

@@ -44,6 +44,14 @@ class StateError(BisectError):
     exit_code = 5
 
 
+class JournalLost(StateError):
+    """The journal file this run writes was deleted or replaced while it ran: stop at once
+    rather than go on recording nothing (and end with exit 0). Its own code: no other failure
+    means that the record of a run is gone."""
+
+    exit_code = 16
+
+
 class AbortError(BisectError):
     """The run must stop (probe killed by a signal, probe timeout, user interrupt)."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from bisect_tool import redact
 from bisect_tool.entries import JOURNAL_VERSION, ShapeError, check_entry, check_header
-from bisect_tool.errors import StateError
+from bisect_tool.errors import JournalLost, StateError
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -57,12 +57,16 @@ class Journal:
     path: Path
     _file: Any = field(default=None, repr=False)
     _seq: int = 0
+    _identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
 
     def __enter__(self) -> Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._repair_torn_tail()
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
-        if self.path.stat().st_size:
+        # "a+": appends, and can read back what it wrote if the path loses the file (append)
+        self._file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
+        opened = os.fstat(self._file.fileno())
+        self._identity = (opened.st_dev, opened.st_ino)
+        if opened.st_size:
             self._seq = len(read(self.path).entries) + 1  # the header is seq 0
         return self
 
@@ -99,11 +103,49 @@ class Journal:
         # Redacted before it is written: the journal travels with the public report.
         written: dict[str, Any] = redact.value({**entry, "seq": self._seq, "time": time.time()})
         line = json.dumps(written, sort_keys=True, allow_nan=False, default=str)
+        # The path must still name the file we opened: deleted (or replaced by another file)
+        # during the run, every entry would go to an unlinked inode and the run would end
+        # "done" with nothing recorded (issue 30). Stop, and keep what it held.
+        try:
+            now = os.stat(self.path)
+            same = (now.st_dev, now.st_ino) == self._identity
+        except OSError:
+            same = False
+        if not same:
+            raise _lost(self.path, self._file, line)
         self._file.write(line + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
         self._seq += 1
         return written
+
+
+def _lost(path: Path, file: Any, line: str) -> JournalLost:
+    """The error for a journal whose path lost its file, after saving what the open file held
+    (and the entry that could not be written) beside it, so no entry is lost."""
+    kept = ""
+    try:
+        file.flush()
+        file.seek(0)
+        held = file.read() + line + "\n"
+        for n in range(100):  # never over an earlier one
+            saved = path.with_name(f"{path.name}.lost{n or ''}")
+            try:
+                with open(saved, "x", encoding="utf-8") as out:
+                    out.write(held)
+                    out.flush()
+                    os.fsync(out.fileno())
+            except FileExistsError:
+                continue
+            kept = f"; what it held is saved in {saved} (move it to {path} and `bisect resume`)"
+            break
+    except OSError:
+        pass  # the folder itself is gone: say so below
+    what = "deleted" if not path.exists() else "replaced by another file"
+    return JournalLost(
+        f"the journal {path} was {what} while this run wrote it; stopped rather than go on "
+        f"without a record{kept or ' (nothing could be saved beside it)'}"
+    )
 
 
 def create(path: Path, header: Mapping[str, Any]) -> None:

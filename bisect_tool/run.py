@@ -123,7 +123,11 @@ def _create(request: StartRequest) -> tuple[Path, CommitRange]:
     path = request.journal_path
     if path.exists():
         contents = journal_mod.read(path)
-        if not any(e.get("type") == "end" for e in contents.entries):
+        # An unattended start interrupted before it recorded anything (Ctrl-C in its first
+        # seconds) left nothing to resume: a new start replaces it (issue 30).
+        recorded = [e for e in contents.entries if e.get("type") != "environment"]
+        waiting = recorded or contents.header.get("mode", "manual") == "manual"
+        if waiting and not any(e.get("type") == "end" for e in contents.entries):
             raise StateError(
                 f"a bisect is already in progress in {path.parent}; "
                 "`bisect resume` continues it, `bisect reset` ends it"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,6 +22,8 @@ from bisect_tool.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 CHILD_SCRIPT = Path(__file__).with_name("op_child.py")
+# what is kept of the child's stdout and stderr each: its JSON report is its last line
+_OUTPUT_CAP = 16 * 1024 * 1024
 
 
 def summarize_cases(cases: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -104,25 +105,29 @@ class OpProbe:
                                   "env": dict(env or {})}
         if not path.is_file():
             return ProbeResult(Verdict.UNTESTABLE, detail, f"extension file not found: {path}")
+        from bisect_tool.runprobe import run_group
+
         child_env = {**os.environ, **(env or {})}
         try:
-            proc = subprocess.run(
-                self.command(path), env=child_env, capture_output=True, text=True,
-                timeout=self.timeout_s, check=False,
+            # its own process group, ended whole when it returns: subprocess.run waited for EOF
+            # on the pipes, which a background child of the extension could hold open for ever
+            ran = run_group(
+                self.command(path), env=child_env, timeout_s=self.timeout_s,
+                merge_stderr=False, tail_bytes=_OUTPUT_CAP,
             )
         except FileNotFoundError:
             return ProbeResult(Verdict.UNTESTABLE, detail,
                                f"python interpreter not found: {self.python}; fix --python")
-        except subprocess.TimeoutExpired:
+        if ran.timed_out:
             return ProbeResult(Verdict.UNTESTABLE, detail,
                                f"op check timed out after {self.timeout_s:.0f} s")
         try:
-            report = json.loads(proc.stdout.strip().splitlines()[-1])
+            report = json.loads(ran.output.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
-            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            tail = "\n".join(ran.errors.strip().splitlines()[-5:])
             return ProbeResult(
-                Verdict.UNTESTABLE, {**detail, "returncode": proc.returncode},
-                f"op check exited {proc.returncode} without a result: {tail}",
+                Verdict.UNTESTABLE, {**detail, "returncode": ran.code},
+                f"op check exited {ran.code} without a result: {tail}",
             )
         detail.update({k: report.get(k) for k in ("torch", "abi", "rng", "device", "env")
                        if k in report})

@@ -5,8 +5,8 @@ Why each exists:
   address: DESIGN.md keeps all traffic on 127.0.0.1);
 - a server that dies before /health must fail fast with its log tail (testcontainers' habit),
   not after the whole boot deadline;
-- SIGTERM to the tool must tear lifetimes down like Ctrl-C does, so it is turned into an
-  exception that unwinds the context managers.
+- SIGTERM and SIGHUP (a closed terminal or SSH session) to the tool must tear lifetimes down
+  like Ctrl-C does, so they are turned into an exception that unwinds the context managers.
 """
 
 from __future__ import annotations
@@ -133,13 +133,20 @@ def wait_healthy(
         delay = min(interval_s, delay * 2)
 
 
+#: the signals that end a run like Ctrl-C does: kill's default, and the terminal or SSH session
+#: closing (SIGHUP's default would kill the tool with no teardown and no journal entry)
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM into ``AbortError`` while inside (main thread only; elsewhere a no-op).
+    """Turn SIGTERM and SIGHUP into ``AbortError`` while inside (main thread only; elsewhere a
+    no-op).
 
-    Python's default for SIGTERM kills the interpreter without unwinding ``with`` blocks, which
-    would leave servers and containers behind; an exception unwinds them like Ctrl-C does. The
-    handler fires once: a second SIGTERM during teardown does not interrupt the teardown.
+    Python's default for either kills the interpreter without unwinding ``with`` blocks, which
+    would leave servers, containers and probe groups behind and lose the lifetimes that finished;
+    an exception unwinds them like Ctrl-C does, and both exit with AbortError's code. The
+    handler fires once: a second signal during teardown does not interrupt the teardown.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -151,18 +158,26 @@ def sigterm_raises() -> Iterator[None]:
         if fired:
             return
         fired = True
-        raise AbortError("terminated (SIGTERM); lifetimes torn down")
+        name = signal.Signals(signum).name
+        raise AbortError(f"terminated ({name}); lifetimes torn down")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    # Under `nohup` SIGHUP is ignored on purpose: the run must outlive the terminal.
+    previous = {
+        sig: signal.signal(sig, handler)
+        for sig in ENDING_SIGNALS
+        if signal.getsignal(sig) != signal.SIG_IGN
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM back during a teardown (bounded by its grace period), then deliver.
+    """Hold SIGINT, SIGTERM and SIGHUP back during a teardown (bounded by its grace period),
+    then deliver.
 
     A second Ctrl-C in the middle of killing a process group must not leave half of it running.
     """
@@ -175,7 +190,7 @@ def signals_deferred() -> Iterator[None]:
         pending.append(signum)
 
     previous: dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, *ENDING_SIGNALS):
         previous[sig] = signal.signal(sig, hold)
     try:
         yield

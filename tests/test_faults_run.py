@@ -1,0 +1,217 @@
+"""Issue 30, faults of a probe process: a background child, a child that leaves the process
+group, a probe that prints 100 MB, and what exit 126/127 mean. Real git repos, real processes;
+nothing here waits on the clock: a background child that would hold the lifetime open sleeps
+30 s and then leaves a mark, so a lifetime that waited for it shows as the mark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gitrepos import Repo, linear, run_cli
+
+from bisect_tool import journal as journal_mod
+from bisect_tool.errors import AbortError
+from bisect_tool.evaluate import RunCommandEvaluator
+from bisect_tool.probes.op import OpProbe
+from bisect_tool.recipe import ProbeSettings
+from bisect_tool.values import Verdict
+
+N = 16
+FLIP = 11
+BAD = f'[ "$(cat f)" -lt {FLIP} ]'  # exit 0 before the flip, 1 from it on
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+    return linear(tmp_path_factory.mktemp("faults-run") / "repo", N, tag_every=4)
+
+
+def start(repo: Repo, state: Path, *extra: str) -> tuple[int, str, str]:
+    return run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0", "--repo", str(repo.path),
+                   "--state-dir", str(state), "-q", *extra)
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def running(*, group: int | None = None, env: str | None = None) -> list[int]:
+    """Live (not zombie) processes in process group ``group`` / whose environment has ``env``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        fields = _stat(int(entry.name))
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        if group is not None and int(fields[2]) != group:
+            continue
+        if env is not None:
+            try:
+                if env.encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+            except OSError:
+                continue
+        found.append(int(entry.name))
+    return found
+
+
+def evaluator(repo: Repo, tmp_path: Path, command: str, session: str = "s-run") -> \
+        RunCommandEvaluator:
+    return RunCommandEvaluator(repo.path, command, state_dir=tmp_path / "st", session=session)
+
+
+# ---- a background child does not stretch the lifetime, and does not outlive it ------------------
+
+
+def test_background_child_holding_stdout_ends_with_the_lifetime(repo: Repo, tmp_path: Path) -> None:
+    pgid, mark = tmp_path / "pgid", tmp_path / "mark"
+    command = f"echo $$ > {pgid}; ( (sleep 30; touch {mark}) & ); {BAD}"
+    obs = evaluator(repo, tmp_path, command).evaluate(repo.main[FLIP - 1], "lt-bg")
+    assert obs.verdict is Verdict.DIVERGENT and obs.detail["exit_code"] == 1
+    group = int(pgid.read_text())
+    assert running(group=group) == [], "the probe's group is ended when the probe returns"
+    assert not mark.exists(), "evaluate waited for the background child"
+    assert len(repo.worktrees()) == 1
+
+
+def test_child_that_left_the_group_is_ended_by_its_label(repo: Repo, tmp_path: Path) -> None:
+    mark = tmp_path / "mark"
+    command = f"setsid sh -c 'sleep 30; touch {mark}' & {BAD}"
+    obs = evaluator(repo, tmp_path, command, session="s-setsid").evaluate(repo.main[0], "lt-ss")
+    assert obs.verdict is Verdict.CLEAN
+    assert running(env="BISECT_LIFETIME=lt-ss") == []
+    assert not mark.exists()
+
+
+def test_run_with_a_background_child_per_lifetime_answers_and_leaves_nothing(
+    repo: Repo, tmp_path: Path
+) -> None:
+    # the issue's case: `(sleep 321 &)` hung the run for 11 minutes
+    state = tmp_path / "st"
+    code, out, err = start(repo, state, "--run", f"(sleep 321 &); {BAD}")
+    assert code == 0, err
+    assert f"first bad commit: {repo.main[FLIP - 1]}" in out
+    session = journal_mod.read(state / "journal.jsonl").header["session"]
+    assert running(env=f"BISECT_SESSION={session}") == []
+    assert len(repo.worktrees()) == 1
+
+
+def test_timeout_ends_the_whole_group(repo: Repo, tmp_path: Path) -> None:
+    mark = tmp_path / "mark"
+    code, _, err = start(repo, tmp_path / "st", "--run-timeout", "1",
+                         "--run", f"( (sleep 30; touch {mark}) & ); sleep 30")
+    assert code == AbortError.exit_code
+    assert "timed out after 1s" in err.strip().splitlines()[-1] and "Traceback" not in err
+    session = journal_mod.read(tmp_path / "st" / "journal.jsonl").header["session"]
+    assert running(env=f"BISECT_SESSION={session}") == [] and not mark.exists()
+
+
+def test_op_probe_child_with_a_background_child(tmp_path: Path) -> None:
+    mark = tmp_path / "mark"
+    fake_python = tmp_path / "python"
+    fake_python.write_text(
+        "#!/bin/bash\n"
+        f"echo $$ > {tmp_path / 'pgid'}\n"
+        f"( (sleep 30; touch {mark}) & )\n"
+        """echo '{"error": "no kernels here", "fix": "give --python", "cases": []}'\n"""
+        "exit 2\n"
+    )
+    fake_python.chmod(0o755)
+    lib = tmp_path / "x.so"
+    lib.write_bytes(b"")
+    result = OpProbe(ProbeSettings(), python=str(fake_python)).run_extension(lib)
+    assert result.verdict is Verdict.UNTESTABLE and "no kernels here" in result.message
+    assert running(group=int((tmp_path / "pgid").read_text())) == []
+    assert not mark.exists()
+
+
+# ---- 100 MB of output: a bounded tail in memory, all of it in the lifetime's log --------------
+
+
+def _max_rss_kib(repo: Repo, state: Path, command: str) -> int:
+    """The peak resident memory of a real `bisect start --run` (the tool's process)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
+         "--repo", str(repo.path), "--state-dir", str(state), "-q", "--run", command],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, err
+    return usage.ru_maxrss
+
+
+def test_probe_printing_100_mb_keeps_a_bounded_tail_and_logs_it_all(
+    repo: Repo, tmp_path: Path
+) -> None:
+    size = 100_000_000
+    once = tmp_path / "printed"  # only the first lifetime at the bad end prints
+    loud = (f'if [ "$(cat f)" = {N} ] && mkdir {once} 2>/dev/null; then '
+            f"yes 'step 1234 loss 0.125 tokens/s 5123.4 all is well' | head -c {size}; "
+            "echo; echo END-OF-OUTPUT; fi; " + BAD)
+    quiet_rss = _max_rss_kib(repo, tmp_path / "quiet", BAD)
+    loud_rss = _max_rss_kib(repo, tmp_path / "loud", loud)
+    # before: the whole output in memory, then decoded and split: >= 3x its size
+    assert loud_rss - quiet_rss < 40 * 1024, (quiet_rss, loud_rss)
+
+    contents = journal_mod.read(tmp_path / "loud" / "journal.jsonl")
+    first = contents.observations[0]
+    assert first["commit"] == repo.main[-1]
+    log = Path(first["detail"]["log"])
+    assert log.parent == tmp_path / "loud" / "logs"
+    assert log.stat().st_size > size
+    with log.open("rb") as fh:
+        header = fh.readline()
+        fh.seek(-20, os.SEEK_END)
+        end = fh.read()
+    assert header.startswith(b"== bisect --run at " + repo.main[-1].encode())
+    assert end.endswith(b"\nEND-OF-OUTPUT\n")
+    tail = first["detail"]["log_tail"]
+    assert tail.endswith("END-OF-OUTPUT") and f"{size + 15:,} bytes printed" in tail
+    assert len(tail) < 4096
+
+
+# ---- what 126 and 127 mean ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [126, 127])
+def test_plain_exit_126_or_127_is_a_bad_verdict(repo: Repo, tmp_path: Path, code: int) -> None:
+    # `git bisect run` counts every code from 1 to 127 but 125 as bad; only the shell's own
+    # "command not found" / "Permission denied" line says the command never ran
+    state = tmp_path / "st"
+    rc, out, err = start(repo, state, "--run", f"{BAD} || exit {code}")
+    assert rc == 0, err
+    assert f"first bad commit: {repo.main[FLIP - 1]}" in out
+    assert "not a command on PATH" not in err
+    codes = {o["detail"]["exit_code"] for o in journal_mod.read(state / "journal.jsonl")
+             .observations}
+    assert codes == {0, code}
+
+
+def test_missing_command_inside_a_probe_script_is_named(repo: Repo, tmp_path: Path) -> None:
+    script = tmp_path / "probe.sh"
+    script.write_text("#!/bin/bash\nno-such-tool-xyz --check\n")
+    script.chmod(0o755)
+    code, _, err = start(repo, tmp_path / "st", "--run", str(script))
+    assert code == AbortError.exit_code
+    line = err.strip().splitlines()[-1]
+    assert "exited 127 (not found)" in line
+    assert "`no-such-tool-xyz` is not a command on PATH" in line
+
+
+def test_missing_interpreter_named_by_env_is_a_command_not_a_path(
+    repo: Repo, tmp_path: Path
+) -> None:
+    code, _, err = start(repo, tmp_path / "st", "--run", "env python-nope-9 probe.py")
+    assert code == AbortError.exit_code
+    assert "`python-nope-9` is not a command on PATH" in err.strip().splitlines()[-1]
