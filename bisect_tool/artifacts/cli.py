@@ -133,7 +133,8 @@ def ls_command(cache_dir: str | None) -> None:
 
 
 @artifacts_group.command("gc")
-@click.option("--max-bytes", type=int, default=None, help="Cap (default: the recipe's).")
+@click.option("--max-bytes", type=click.IntRange(min=0), default=None,
+              help="Cap (default: the recipe's).")
 @recipe_option
 @cache_option
 def gc_command(max_bytes: int | None, recipe: str | None, cache_dir: str | None) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from bisect_tool.clitypes import Finite
 from bisect_tool.errors import RecipeError, UsageError
 from bisect_tool.interfaces import ProbeResult, ServerHandle
 from bisect_tool.recipe import BUNDLED_DIR, ProbeSettings, load
@@ -87,11 +88,14 @@ def _complete_recipe(ctx: click.Context, param: click.Parameter, incomplete: str
               help="With --commit: also run the positive/negative controls on the commit.")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="With --commit: keep logs and builds' state here (default: a temp dir).")
-@click.option("--requests", type=int, default=None, help="Requests sharing the prefix (M).")
-@click.option("--fillers", type=int, default=None, help="Unrelated filler requests (F).")
-@click.option("--repeats", type=int, default=None, help="Repeats compared pairwise (R).")
-@click.option("--max-tokens", type=int, default=None)
-@click.option("--jitter-ms", type=float, default=None,
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Requests sharing the prefix (M).")
+@click.option("--fillers", type=click.IntRange(min=0), default=None,
+              help="Unrelated filler requests (F).")
+@click.option("--repeats", type=click.IntRange(min=2), default=None,
+              help="Repeats compared pairwise (R).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None)
+@click.option("--jitter-ms", type=Finite(min=0), default=None,
               help="Random submission delay per request, 0..N ms.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw result as JSON.")
 def probe_command(
