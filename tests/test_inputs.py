@@ -330,3 +330,156 @@ def test_outside_any_clone_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     code, _, err = run_cli("status")
     assert code == RangeError.exit_code
     assert "is not inside a git work tree; pass --repo PATH" in one_line(err)
+
+
+@pytest.mark.parametrize("url, says", [
+    ("http://[::1", "is not a valid URL (Invalid IPv6 URL)"),
+    ("http://localhost:99999", "is not a valid URL (Port out of range 0-65535)"),
+    ("http://127.0.0.1:0", "port 0 cannot be connected to"),
+    ("localhost:8000", "must be an http(s) URL with a host"),
+    ("http://:8000", "must be an http(s) URL with a host"),
+])
+def test_probe_server_url_that_cannot_be_used(url: str, says: str) -> None:
+    code, out, err = run_cli("probe", "--server", url)
+    assert code == UsageError.exit_code and says in one_line(err) and not out
+
+
+def test_extract_to_a_file_blames_the_output_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zipfile
+
+    wheel = tmp_path / "x.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("pkg/a.so", b"kernel")
+    afile = tmp_path / "out.txt"
+    afile.write_text("mine")
+    code, _, err = run_cli("artifacts", "extract", str(wheel), "--member", "pkg/a.so",
+                           "--out", str(afile))
+    assert code == UsageError.exit_code
+    line = one_line(err)
+    assert f"--out {afile}: {afile} is a file, not a folder" in line and "wheel" not in line
+    assert afile.read_text() == "mine"
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "pkg").write_text("in the way")
+    code, _, err = run_cli("artifacts", "extract", str(wheel), "--member", "pkg/a.so",
+                           "--out", str(tmp_path / "o"))
+    assert code == UsageError.exit_code and "o/pkg is a file, not a folder" in one_line(err)
+    code, _, err = run_cli("artifacts", "extract", str(wheel), "--member", "pkg/a.so",
+                           "--out", "/proc/nope")
+    assert code == UsageError.exit_code and "--out /proc/nope: cannot make" in one_line(err)
+    code, out, err = run_cli("artifacts", "extract", str(wheel), "--member", "pkg/a.so",
+                             "--out", str(tmp_path / "good"))
+    assert code == 0 and (tmp_path / "good/pkg/a.so").read_bytes() == b"kernel", err
+
+
+# ---- recipes: checked whole at load; a bundled name is never shadowed by a folder -------------
+
+
+def _recipe(tmp_path: Path, body: str | bytes) -> Path:
+    path = tmp_path / "r.toml"
+    if isinstance(body, bytes):
+        path.write_bytes(body)
+    else:
+        path.write_text(body)
+    return path
+
+
+@pytest.mark.parametrize("body, says", [
+    ('[search]\nend_doubt = 2.0\n', "'search.end_doubt' must be in [0, 0.5), got 2.0"),
+    ('[search]\nend_doubt = 0.5\n', "'search.end_doubt' must be in [0, 0.5), got 0.5"),
+    ('[search]\nconfidence = nan\n', "'search.confidence' must be a finite number, got nan"),
+    ('[search]\ncost_lifetime = inf\n', "'search.cost_lifetime' must be a finite number"),
+    ('[probe]\nkind = "serve"\n', "'probe.kind' must be one of 'server', 'op', got 'serve'"),
+    ('[runtime]\nbackend = "podman"\n', "'runtime.backend' must be one of 'local', 'docker'"),
+    ('[runtime]\ndocker_gpu = "all"\n', "'runtime.docker_gpu' must be one of"),
+    ('[runtime]\ngpus = ["0", "0"]\n', "'runtime.gpus' lists a GPU twice"),
+    ('[artifacts]\nbuild_executor = "podman"\n', "'artifacts.build_executor' must be one of"),
+    ('[artifacts]\nsources = ["pypi"]\n', "'artifacts.sources' lists unknown source 'pypi'"),
+    ('[probe]\nrequests = 4\nfillers = 2\ntarget_coresidency = 9\n',
+     "'probe.target_coresidency' (9) exceeds requests + fillers (6)"),
+    ('[probe]\nrow_counts = [300, 255]\n', "'probe.row_counts' must be [small, big]"),
+])
+def test_a_recipe_is_checked_whole_before_anything_starts(
+    repo: Repo, tmp_path: Path, body: str, says: str
+) -> None:
+    recipe = _recipe(tmp_path, 'name = "r"\n' + body)
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.2.0", "--recipe",
+                           str(recipe), "--repo", str(repo.path), "--state-dir",
+                           str(tmp_path / "st"))
+    assert code == errors.RecipeError.exit_code
+    assert f"{recipe}: " in one_line(err) and says in one_line(err), err
+    assert not (tmp_path / "st" / "journal.jsonl").exists()
+
+
+def test_every_search_value_the_journal_or_the_strategy_refuses_is_refused_at_load(
+    tmp_path: Path,
+) -> None:
+    """The recipe check covers what the header check (journal_check) and the strategy would
+    refuse later: a recipe that loads always gives a journal the tool can read back."""
+    from bisect_tool.journal_check import _SEARCH_NUMBERS, ShapeError, check_header
+    from bisect_tool.recipe import from_dict
+    from bisect_tool.strategy import BayesianStrategy, Priors
+    from bisect_tool.values import Direction
+
+    values = (-1, 0, 0.001, 0.3, 0.5, 0.9999, 1, 2.0, 1e300, float("nan"), float("inf"))
+    for key in _SEARCH_NUMBERS:
+        for v in values:
+            header = {"candidates": [{"sha": "a"}, {"sha": "b"}], "direction": "regression",
+                      "recipe": {"search": {key: v}}}
+            try:
+                check_header(header)
+                later_ok = True
+            except ShapeError:
+                later_ok = False
+            if key == "end_doubt":
+                try:
+                    BayesianStrategy(3, Direction.REGRESSION, priors=Priors(end_doubt=v))
+                except (ValueError, OverflowError):
+                    later_ok = False
+            try:
+                from_dict({"name": "r", "search": {key: v}})
+                loads = True
+            except errors.RecipeError:
+                loads = False
+            assert later_ok or not loads, f"[search] {key} = {v} loads but fails later"
+
+
+def test_a_recipe_that_is_not_utf8_is_one_line(repo: Repo, tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, b'name = "r"\ndescription = "caf\xe9"\n')
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.2.0", "--recipe",
+                           str(recipe), "--repo", str(repo.path))
+    assert code == errors.RecipeError.exit_code
+    assert f"{recipe}:2: not UTF-8 text (byte 0xe9)" in one_line(err)
+
+
+def test_a_folder_named_like_a_bundled_recipe_does_not_shadow_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.demo.cli import write_recipe
+
+    for name in ("demo", "batch-invariance", "demo-op"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert recipe_mod.load("demo").name == "demo"
+    assert recipe_mod.load("batch-invariance").source == str(
+        recipe_mod.BUNDLED_DIR / "batch-invariance.toml")
+    written = write_recipe(tmp_path / "demo-recipe.toml", tmp_path / "cache")  # `bisect demo`
+    assert recipe_mod.load(str(written)).name == "demo"
+    # a path is a path when it looks like one
+    (tmp_path / "mine.toml").write_text('name = "mine"\n')
+    (tmp_path / "plain").write_text('name = "plain"\n')
+    assert recipe_mod.load("mine.toml").name == "mine"
+    assert recipe_mod.load("./plain").name == "plain"
+    with pytest.raises(errors.RecipeError, match="for the file plain here, write ./plain"):
+        recipe_mod.load("plain")
+    with pytest.raises(errors.RecipeError, match="recipe demo is a folder; give the .toml file"):
+        recipe_mod.load("demo/")
+
+
+def test_artifact_sources_known_to_the_recipe_check_are_the_providers() -> None:
+    from bisect_tool.artifacts import KNOWN_SOURCES
+    from bisect_tool.limits import ARTIFACT_SOURCES
+
+    assert tuple(ARTIFACT_SOURCES) == tuple(KNOWN_SOURCES)

@@ -156,12 +156,28 @@ def probe_command(
 def _probe_server(
     url: str, settings: ProbeSettings, sequential: bool, model: str | None
 ) -> ProbeResult:
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--server {url!r} must be a URL such as http://127.0.0.1:8000")
+    check_server_url(url)
     from bisect_tool.probes.server import ServerDeterminismProbe  # httpx only when needed
 
     probe = ServerDeterminismProbe(settings, model=model, sequential=sequential)
     return probe.run(ServerHandle(url=url, lifetime_id="cli", log_path=Path(os.devnull)))
+
+
+def check_server_url(url: str) -> None:
+    """A usable http(s) URL with a host and a port in 1..65535, or a one-line UsageError (httpx
+    would raise its own exception types for ``http://[::1`` or ``http://localhost:99999``)."""
+    from urllib.parse import urlsplit
+
+    example = "give one such as http://127.0.0.1:8000 or http://[::1]:8000"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"--server {url!r} is not a valid URL ({exc}); {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--server {url!r} must be an http(s) URL with a host; {example}")
+    if port == 0:
+        raise UsageError(f"--server {url!r}: port 0 cannot be connected to; {example}")
 
 
 def _probe_extension(
