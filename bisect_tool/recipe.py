@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import tomllib
 import types
 import typing
@@ -60,7 +61,9 @@ class ArtifactSettings:
 class RuntimeSettings:
     backend: str = "local"  # "local", "docker" or "ray"
     image: str = ""  # docker: the pinned image
-    python: str = "python3"  # local: the interpreter of the pinned stack
+    # The interpreter of the pinned stack ("" = not named: the tool's own interpreter for the
+    # local and ray backends, the image's python3 in a container; see ``interpreter``).
+    python: str = ""
     pinned_package_dir: str = ""  # where the pinned package lives ("" = import it and ask)
     server_module: str = ""  # e.g. "vllm.entrypoints.openai.api_server"
     server_args: tuple[str, ...] = ()
@@ -87,6 +90,15 @@ class RuntimeSettings:
     # ray: a directory mounted at the same path on every node; swap files under it travel as
     # paths (checked by sha256 on the node) instead of through Ray's object store
     ray_shared_cache: str = ""
+
+    def interpreter(self) -> str:
+        """The interpreter lifetimes, gate checks and the environment facts run under: the one
+        the recipe or --python names, else the tool's own (``sys.executable``), never whatever
+        ``python3`` is first on PATH (one without numpy made every demo lifetime UNTESTABLE);
+        in a container, the image's ``python3``."""
+        if self.python:
+            return self.python
+        return "python3" if self.backend == "docker" else sys.executable
 
 
 @dataclass(frozen=True)

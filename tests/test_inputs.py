@@ -483,3 +483,84 @@ def test_artifact_sources_known_to_the_recipe_check_are_the_providers() -> None:
     from bisect_tool.limits import ARTIFACT_SOURCES
 
     assert tuple(ARTIFACT_SOURCES) == tuple(KNOWN_SOURCES)
+
+
+# ---- 5. the tool's own interpreter, not whatever python3 is first on PATH -------------------
+
+
+@pytest.fixture()
+def foreign_python3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ``python3`` first on PATH that lacks numpy (and everything else): it fails as such an
+    interpreter does when a server, a build or the op check's child needs its packages."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("python3", "python"):
+        fake = bin_dir / name
+        fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'numpy'\" >&2\n"
+                        "exit 1\n")
+        fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    assert subprocess.run(["python3", "-c", "1"], capture_output=True).returncode == 1
+    return bin_dir / "python3"
+
+
+def test_demo_build_lifetime_and_op_check_run_under_the_tools_own_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, foreign_python3: Path
+) -> None:
+    import sys
+
+    from bisect_tool.demo import pinned
+    from bisect_tool.demo.cli import write_recipe
+    from bisect_tool.demo.history import generate
+
+    history = generate(tmp_path / "demo-repo", commits=60)
+    pinned.ensure_pinned_build()
+    recipe = write_recipe(tmp_path / "demo.toml", tmp_path / "cache")
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    # a host build (python3 setup.py ...) and one server lifetime of the fixed release
+    code, out, err = run_cli("probe", "--commit", history.good_tag, "--recipe", str(recipe),
+                             "--repo", str(history.repo), "--lifetimes", "1")
+    assert "UNTESTABLE" not in out, out + err
+    assert code == 0 and "\nCLEAN: " in out, out + err
+    # the op check's child on the same build (the demo-op recipe names no interpreter now)
+    text = re.sub(r"(?m)^\[artifacts\]$", f'[artifacts]\ncache_dir = "{tmp_path / "cache"}"',
+                  (ROOT / "bisect_tool/recipes/demo-op.toml").read_text())
+    (tmp_path / "demo-op.toml").write_text(text)
+    code, out, err = run_cli("probe", "--commit", history.good_tag, "--recipe",
+                             str(tmp_path / "demo-op.toml"), "--repo", str(history.repo),
+                             "--json")
+    assert code == 0, out + err
+    probed = json.loads(out)
+    assert probed["verdict"] == "clean", probed
+    assert probed["lifetimes"][0]["detail"]["python"] == sys.executable
+
+
+def test_the_report_names_the_interpreter_that_ran(
+    repo: Repo, tmp_path: Path, foreign_python3: Path
+) -> None:
+    import sys
+
+    recipe = _recipe(tmp_path, 'name = "r"\n[artifacts]\nsources = ["local"]\n'
+                     'swap_set = ["pkg/_k.so"]\n'
+                     f'cache_dir = "{tmp_path / "cache"}"\n')
+    state = tmp_path / "st"
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.2.0", "--recipe",
+                           str(recipe), "--no-controls", "--repo", str(repo.path),
+                           "--state-dir", str(state))
+    assert code == errors.NoAnswer.exit_code, err  # no source serves a commit: untestable ends
+    entries = [json.loads(line) for line in (state / "journal.jsonl").read_text().splitlines()]
+    env = next(e for e in entries if e.get("type") == "environment")
+    assert env["interpreter"] == sys.executable
+    assert env["python"] == f"{'.'.join(map(str, sys.version_info[:3]))} ({sys.executable})"
+    code, report, err = run_cli("report", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err
+    assert f"({sys.executable})" in report
+    # --python names another: that one is recorded, also when it cannot answer
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.2.0", "--recipe",
+                           str(recipe), "--no-controls", "--python", str(foreign_python3),
+                           "--repo", str(repo.path), "--state-dir", str(tmp_path / "st2"))
+    entries = [json.loads(line)
+               for line in (tmp_path / "st2" / "journal.jsonl").read_text().splitlines()]
+    env = next(e for e in entries if e.get("type") == "environment")
+    assert env["interpreter"] == str(foreign_python3)
+    assert env["python"] == f"unknown ({foreign_python3} did not answer)"
