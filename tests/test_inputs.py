@@ -564,3 +564,18 @@ def test_the_report_names_the_interpreter_that_ran(
     env = next(e for e in entries if e.get("type") == "environment")
     assert env["interpreter"] == str(foreign_python3)
     assert env["python"] == f"unknown ({foreign_python3} did not answer)"
+
+
+def test_completion_offers_bundled_names_unless_the_word_looks_like_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bisect_tool.completion import complete_recipe
+
+    (tmp_path / "demo").mkdir()
+    monkeypatch.chdir(tmp_path)
+    offered = complete_recipe(None, None, "dem")  # type: ignore[arg-type]
+    assert [c.value for c in offered] == ["demo", "demo-op", "demo-python"]
+    assert all(c.type == "plain" for c in offered)
+    for typed in ("demo/", "./de", "x.toml"):
+        assert [(c.value, c.type) for c in complete_recipe(None, None, typed)] == [  # type: ignore[arg-type]
+            (typed, "file")]
