@@ -70,7 +70,8 @@ def _state_dir(repo: Path, state_dir: Path | None, *, releases: bool = False) ->
         if releases or (outside / JOURNAL_NAME).exists():
             return outside
         raise RangeError(
-            f"{repo} is not inside a git work tree; pass --repo PATH pointing at your vLLM clone"
+            f"{repo} is not a git repository (nor inside one); pass --repo PATH pointing at "
+            "your vLLM clone"
         )
     return clone.git_dir / STATE_SUBDIR
 

@@ -229,6 +229,11 @@ def list_releases(
     """
     index = index_url.rstrip("/")
     places = places or PipIndexes(index)
+    if not places.indexes and not places.find_links:
+        raise RangeError(
+            f"pip's configuration says no-index and names no find-links: nowhere to list the "
+            f"releases of {package}; pass --index-url URL or set PIP_FIND_LINKS"
+        )
     for place in (*places.indexes, *places.find_links):
         problem = place_problem(place)
         if problem:

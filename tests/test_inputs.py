@@ -329,7 +329,7 @@ def test_outside_any_clone_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("BISECT_STATE_DIR", str(tmp_path / "user-state"))
     code, _, err = run_cli("status")
     assert code == RangeError.exit_code
-    assert "is not inside a git work tree; pass --repo PATH" in one_line(err)
+    assert "is not a git repository (nor inside one); pass --repo PATH" in one_line(err)
 
 
 @pytest.mark.parametrize("url, says", [

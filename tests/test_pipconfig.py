@@ -219,3 +219,10 @@ def test_release_wheels_from_a_file_index_and_find_links_are_used_in_place(
         assert provider.bytes_downloaded == 0
     # the user's wheels stay where they are
     assert (project / name).is_file() and len(list(links.iterdir())) == 1
+
+
+def test_no_index_without_find_links_is_one_line(tmp_path: Path, pip_env: dict[str, str]) -> None:
+    from bisect_tool.errors import RangeError
+
+    with httpx.Client() as client, pytest.raises(RangeError, match="says no-index and names no"):
+        list_releases(PACKAGE, PYPI, Downloader(client), tmp_path, PipIndexes(no_index=True))
