@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from bisect_tool import __version__
 from bisect_tool import journal as journal_mod
 from bisect_tool import recipe as recipe_mod
 from bisect_tool.artifacts.cli import artifacts_group
+from bisect_tool.clitypes import Finite
 from bisect_tool.commit_probe import probe_commit
 from bisect_tool.completion import complete_recipe
 from bisect_tool.demo.cli import demo_command
@@ -22,8 +24,10 @@ from bisect_tool.errors import (
     BisectError,
     NoAnswer,
     RangeError,
+    StateDirUnusable,
     StateError,
     UsageError,
+    exit_code_table,
 )
 from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
@@ -35,7 +39,15 @@ from bisect_tool.values import Verdict, short
 from bisect_tool.verdict import EndState, end_state
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _exit_codes_epilog() -> str:
+    # \b keeps click from rewrapping the table (generated from errors.py: it cannot drift).
+    return "\b\nExit codes:\n" + exit_code_table(markdown=False)
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=_exit_codes_epilog(),
+)
 @click.version_option(__version__, prog_name="bisect")
 def cli() -> None:
     """Find the vLLM commit that introduced or fixed an intermittent bug in compiled kernels."""
@@ -46,20 +58,23 @@ def _state_dir(repo: Path, state_dir: Path | None, *, releases: bool = False) ->
     a clone, a release-level bisect (which needs none) keeps it in the user state dir, where
     the other commands then find it."""
     if state_dir is not None:
+        if state_dir.exists() and not state_dir.is_dir():
+            raise StateDirUnusable(
+                f"--state-dir {state_dir} is a file, not a folder; pass a folder you can write"
+            )
         return state_dir
-    git_dir = repo / ".git"
-    if git_dir.is_file():  # a worktree: .git is a file pointing at the real git dir
-        text = git_dir.read_text().strip()
-        if text.startswith("gitdir:"):
-            git_dir = (repo / text.split(":", 1)[1].strip()).resolve()
-    if not git_dir.is_dir():
+    from bisect_tool.statedir import STATE_SUBDIR, find_clone
+
+    clone = find_clone(repo)
+    if clone is None:
         outside = _user_state_dir()
         if releases or (outside / JOURNAL_NAME).exists():
             return outside
         raise RangeError(
-            f"{repo} is not a git repository; pass --repo PATH pointing at your vLLM clone"
+            f"{repo} is not a git repository (nor inside one); pass --repo PATH pointing at "
+            "your vLLM clone"
         )
-    return git_dir / "bisect-tool"
+    return clone.git_dir / STATE_SUBDIR
 
 
 def _user_state_dir() -> Path:
@@ -78,13 +93,24 @@ def _journal_path(repo: Path, state_dir: Path | None) -> Path:
     return _state_dir(repo, state_dir) / JOURNAL_NAME
 
 
+def _top_of_clone(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+    """``--repo`` (default: the current folder) as the top of the clone it lies in, found as
+    git finds it: a subdirectory or a linked worktree works like the clone's top. Outside any
+    clone the path is kept (a release-level bisect needs none; the others say so)."""
+    from bisect_tool.statedir import find_clone
+
+    clone = find_clone(value)
+    return clone.top if clone is not None else value
+
+
 repo_option = click.option(
     "--repo",
     "repo",
     type=click.Path(path_type=Path),
     default=Path("."),
     show_default=True,
-    help="The target repository (your vLLM clone).",
+    callback=_top_of_clone,
+    help="The target repository (your vLLM clone; any folder inside it).",
 )
 state_option = click.option(
     "--state-dir",
@@ -140,12 +166,13 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
 )
 @click.option("--run", "run_command", default=None, help="Generic probe, like `git bisect run`.")
 @click.option(
-    "--run-timeout", type=click.FloatRange(min=0), default=0.0, help="Seconds before --run aborts."
+    "--run-timeout", type=Finite(min=0), default=0.0,
+    help="Seconds before --run aborts (0: no limit)."
 )
 @click.option("--path", "paths", multiple=True, help="Only commits touching these paths.")
 @click.option(
     "--confidence",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=Finite(0, 1, min_open=True, max_open=True),
     default=None,
     help="Stop at this posterior mass.",
 )
@@ -159,11 +186,11 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
 @click.option("--pinned-dir", default=None, help="Directory holding the pinned package.")
 @click.option("--model", default=None, help="Model path or name for the server.")
 @click.option(
-    "--cost-new", type=click.FloatRange(min=0), default=None, help="Cost of a new candidate."
+    "--cost-new", type=Finite(min=0), default=None, help="Cost of a new candidate."
 )
 @click.option(
     "--cost-lifetime",
-    type=click.FloatRange(0, min_open=True),
+    type=Finite(0, min_open=True),
     default=None,
     help="Cost of another lifetime.",
 )
@@ -325,7 +352,7 @@ def _locate_first(
               help="The bad end's Python side: a folder holding its package.")
 @click.option("--lifetimes-per-cell", type=click.IntRange(min=1), default=24, show_default=True,
               help="Most lifetimes of one cell.")
-@click.option("--confidence", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--confidence", type=Finite(0, 1, min_open=True, max_open=True),
               default=None, help="Stop when one explanation holds this posterior mass.")
 @click.option("--gpus", default=None, help="GPUs for lifetimes, e.g. 0,1.")
 @click.option("--python", "python_exe", default=None, help="Interpreter of the Python sides.")
@@ -625,44 +652,54 @@ for _name, _verdict, _help in (
 @cli.command()
 @repo_option
 @state_option
-@_state_locked(create=False)
 def reset(repo: Path, state_dir: Path | None) -> None:
-    """End the bisect: remove its state and any container or process left by a crash."""
-    import shutil
+    """End the bisect: remove its state and any container or process left by a crash.
 
-    path = _state_dir(repo, state_dir)
-    removed = 0
-    session_id = ""
-    journal_path = path / JOURNAL_NAME
-    if journal_path.exists():
-        try:
-            session_id = str(journal_mod.read(journal_path).header.get("session", ""))
-        except StateError:
-            session_id = ""
-    ended = _end_leftovers(repo, path, session_id) if path.exists() else 0
-    # Only this bisect's leftovers: another bisect may be running on this host (another repo or
-    # state dir) and its lifetimes must survive our reset.
-    if session_id:
-        from bisect_tool.recipe import RuntimeSettings
-        from bisect_tool.runtime import make_backend
+    Deletes only what bisect wrote: a --state-dir that holds anything else (your files, a git
+    work tree) or is a file is refused with exit 13, and nothing is deleted."""
+    from bisect_tool import statedir, statelock
 
-        for backend_name in ("local", "docker"):
-            try:
-                backend = make_backend(
-                    RuntimeSettings(backend=backend_name), session="reset", log_dir=path / "logs"
-                )
-                removed += backend.cleanup_stale(session_id)
-            except BisectError:
-                continue
-    if path.exists():
-        shutil.rmtree(path)
-        click.echo(
-            f"removed {path}"
-            + (f" and {removed} leftover lifetimes" if removed else "")
-            + (f"; ended {ended} leftover probe process group(s)" if ended else "")
-        )
-    else:
+    path = state_dir if state_dir is not None else _state_dir(repo, None)
+    if not os.path.lexists(path):
         click.echo("no bisect in progress")
+        return
+    clone = statedir.find_clone(repo)
+    # Proven before the lock is taken: taking it writes a lock file into the folder.
+    if not statedir.removable(path, clone):
+        click.echo(f"no bisect in progress in {path} (it is empty; left as it is)")
+        return
+    with statelock.hold(path, "reset", notice=_progress):
+        entries = statedir.removable(path, clone)  # again: nothing may have come meanwhile
+        removed = 0
+        session_id = ""
+        journal_path = path / JOURNAL_NAME
+        if journal_path.exists():
+            try:
+                session_id = str(journal_mod.read(journal_path).header.get("session", ""))
+            except StateError:
+                session_id = ""
+        ended = _end_leftovers(repo, path, session_id)
+        # Only this bisect's leftovers: another bisect may be running on this host (another
+        # repo or state dir) and its lifetimes must survive our reset.
+        if session_id:
+            from bisect_tool.recipe import RuntimeSettings
+            from bisect_tool.runtime import make_backend
+
+            for backend_name in ("local", "docker"):
+                try:
+                    backend = make_backend(
+                        RuntimeSettings(backend=backend_name), session="reset",
+                        log_dir=path / "logs",
+                    )
+                    removed += backend.cleanup_stale(session_id)
+                except BisectError:
+                    continue
+        statedir.remove(path, entries)
+    click.echo(
+        f"removed {path}"
+        + (f" and {removed} leftover lifetimes" if removed else "")
+        + (f"; ended {ended} leftover probe process group(s)" if ended else "")
+    )
 
 
 @cli.command()
@@ -679,7 +716,13 @@ def report(
 
     text = render_report(_journal_path(repo, state_dir), fmt, plot)
     if output:
-        output.write_text(text)
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write the report to {output} ({exc.strerror or exc}); give -o a file "
+                "in a folder you can write, or leave -o out to print it"
+            ) from None
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)

@@ -11,15 +11,16 @@ from __future__ import annotations
 import click
 from click.shell_completion import CompletionItem
 
-from bisect_tool.recipe import bundled_names
+from bisect_tool.recipe import bundled_names, looks_like_path
 
 
 def complete_recipe(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[CompletionItem]:
     """Bundled recipe names that start with what was typed; otherwise the shell's own file
-    completion (a path: it holds a slash, or no bundled name matches)."""
+    completion (a path: it looks like one, as the loader decides (``looks_like_path``), or no
+    bundled name matches)."""
     names = [n for n in bundled_names() if n.startswith(incomplete)]
-    if "/" in incomplete or not names:
+    if looks_like_path(incomplete) or not names:
         return [CompletionItem(incomplete, type="file")]
     return [CompletionItem(n, help="bundled recipe") for n in names]

@@ -18,7 +18,7 @@ from typing import Any
 
 from bisect_tool import redact
 from bisect_tool.entries import JOURNAL_VERSION, ShapeError, check_entry, check_header
-from bisect_tool.errors import JournalLost, StateError
+from bisect_tool.errors import CorruptJournal, JournalLost, NoSession, StateDirUnusable, StateError
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -161,7 +161,7 @@ def create(path: Path, header: Mapping[str, Any]) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        raise StateError(
+        raise StateDirUnusable(
             f"cannot write the journal in {path.parent} ({exc.strerror or exc}); "
             "pass --state-dir PATH to a folder you can write"
         ) from None
@@ -173,11 +173,11 @@ def read(path: Path) -> JournalContents:
     Any file at all gives either the journal's contents or a one-line ``StateError`` naming the
     line: not UTF-8, not JSON, JSON of the wrong shape (see ``bisect_tool.entries``)."""
     if not path.exists():
-        raise StateError(f"no bisect session at {path.parent}; start one with `bisect start`")
+        raise NoSession(f"no bisect session at {path.parent}; start one with `bisect start`")
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise StateError(f"cannot read {path} ({exc.strerror or exc})") from None
+        raise StateDirUnusable(f"cannot read {path} ({exc.strerror or exc})") from None
     lines = data.split(b"\n")
     entries: list[dict[str, Any]] = []
     torn = False
@@ -192,28 +192,28 @@ def read(path: Path) -> JournalContents:
             if last:
                 torn = True
                 continue
-            raise StateError(
+            raise CorruptJournal(
                 f"{path}:{number}: not UTF-8 text; this is not a bisect journal (or it is "
                 "damaged): fix or remove that line, then `bisect resume`"
             ) from None
         except ValueError:
             if not entries and not last:  # e.g. `bisect replay` of some other file
-                raise StateError(
+                raise CorruptJournal(
                     f"{path}: not a bisect journal (line {number} is not a journal header); "
                     "give the journal.jsonl of a state dir"
                 ) from None
             if last:
                 torn = True
                 continue
-            raise StateError(
+            raise CorruptJournal(
                 f"{path}:{number}: corrupt journal line; fix or remove it, then `bisect resume`"
             ) from None
         if not entries:
             if not isinstance(entry, dict) or entry.get("type") != "header":
-                raise StateError(f"{path}: not a bisect journal (no header line)")
+                raise CorruptJournal(f"{path}: not a bisect journal (no header line)")
             version = entry.get("version")
             if version != JOURNAL_VERSION:
-                raise StateError(
+                raise CorruptJournal(
                     f"{path}: journal version {_shown(version)} is not supported (this tool "
                     f"reads {JOURNAL_VERSION}); use the bisect version that wrote it"
                 )
@@ -223,13 +223,13 @@ def read(path: Path) -> JournalContents:
             else:
                 check_entry(entry, candidates)
         except ShapeError as exc:
-            raise StateError(
+            raise CorruptJournal(
                 f"{path}:{number}: not a journal entry this tool wrote: it {exc}; fix or "
                 "remove that line, then `bisect resume`"
             ) from None
         entries.append(entry)
     if not entries:
-        raise StateError(f"{path}: not a bisect journal (no header line)")
+        raise CorruptJournal(f"{path}: not a bisect journal (no header line)")
     return JournalContents(entries[0], tuple(entries[1:]), torn)
 
 

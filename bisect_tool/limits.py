@@ -62,6 +62,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "cost_lifetime": POSITIVE,  # a free lifetime would make every rate infinite
         # 1 would take the fast probe's flip as proven before any faithful lifetime
         "stand_in_prior": Bound(0, 1, high_open=True),
+        # each end's doubt; 0.5 or more leaves no prior mass for any flip inside the range
+        "end_doubt": Bound(0, 0.5, high_open=True),
     },
     "artifacts": {
         "build_timeout_s": POSITIVE,
@@ -94,8 +96,14 @@ BOUNDS: dict[str, dict[str, Bound]] = {
 # Keys whose value must be one of a few words; anything else would only fail inside a child
 # process much later (the op check's child would refuse an unknown --abi with a usage error).
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
-    "probe": {"op_abi": ("torch", "ctypes")},
+    "probe": {"op_abi": ("torch", "ctypes"), "kind": ("server", "op")},
+    "runtime": {"backend": ("local", "docker", "ray"),
+                "docker_gpu": ("auto", "toolkit", "devices")},
+    "artifacts": {"build_executor": ("docker", "host")},
 }
+#: the artifact sources a recipe may list (bisect_tool.artifacts.KNOWN_SOURCES, kept equal by
+#: tests/test_inputs.py; not imported from there: that package imports the recipe module)
+ARTIFACT_SOURCES = ("wheel-index", "release", "local", "source-build")
 
 
 def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
@@ -128,6 +136,13 @@ def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
             f"{source}: 'range.release_tag' must contain {{version}} (e.g. \"v{{version}}\"), "
             f"got {values['release_tag']!r}"
         )
+    if section == "artifacts" and "sources" in values:
+        unknown = [v for v in values["sources"] if v not in ARTIFACT_SOURCES]
+        if unknown:
+            raise RecipeError(
+                f"{source}: 'artifacts.sources' lists unknown source {unknown[0]!r}; known: "
+                f"{', '.join(map(repr, ARTIFACT_SOURCES))}"
+            )
     if section == "artifacts" and "swap_set" in values:
         for entry in values["swap_set"]:
             problem = relative_problem(entry)

@@ -8,6 +8,8 @@ a path works too. CLI flags override recipe values through :func:`Recipe.overrid
 from __future__ import annotations
 
 import dataclasses
+import math
+import sys
 import tomllib
 import types
 import typing
@@ -59,7 +61,9 @@ class ArtifactSettings:
 class RuntimeSettings:
     backend: str = "local"  # "local", "docker" or "ray"
     image: str = ""  # docker: the pinned image
-    python: str = "python3"  # local: the interpreter of the pinned stack
+    # The interpreter of the pinned stack ("" = not named: the tool's own interpreter for the
+    # local and ray backends, the image's python3 in a container; see ``interpreter``).
+    python: str = ""
     pinned_package_dir: str = ""  # where the pinned package lives ("" = import it and ask)
     server_module: str = ""  # e.g. "vllm.entrypoints.openai.api_server"
     server_args: tuple[str, ...] = ()
@@ -86,6 +90,15 @@ class RuntimeSettings:
     # ray: a directory mounted at the same path on every node; swap files under it travel as
     # paths (checked by sha256 on the node) instead of through Ray's object store
     ray_shared_cache: str = ""
+
+    def interpreter(self) -> str:
+        """The interpreter lifetimes, gate checks and the environment facts run under: the one
+        the recipe or --python names, else the tool's own (``sys.executable``), never whatever
+        ``python3`` is first on PATH (one without numpy made every demo lifetime UNTESTABLE);
+        in a container, the image's ``python3``."""
+        if self.python:
+            return self.python
+        return "python3" if self.backend == "docker" else sys.executable
 
 
 @dataclass(frozen=True)
@@ -173,7 +186,9 @@ class Recipe:
             updated = dataclasses.replace(current, **given)
         except TypeError as exc:
             raise RecipeError(f"unknown setting for [{section}]: {exc}") from None
-        return dataclasses.replace(self, **{section: updated})
+        recipe = dataclasses.replace(self, **{section: updated})
+        check_whole(recipe, "command line")
+        return recipe
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -192,24 +207,48 @@ def bundled_names() -> list[str]:
     return sorted(p.stem for p in BUNDLED_DIR.glob("*.toml") if not p.stem.startswith("_"))
 
 
+def looks_like_path(name_or_path: str) -> bool:
+    """A recipe argument is a path only when it looks like one: it holds a ``/`` or ends in
+    ``.toml``. Anything else is a bundled name, whatever the current folder holds (a ``demo/``
+    folder beside ``bisect demo`` must not shadow the bundled ``demo`` recipe)."""
+    return "/" in name_or_path or name_or_path.endswith(".toml")
+
+
 def find(name_or_path: str) -> Path:
-    """A bundled recipe by name, or a path to a TOML file."""
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    """A bundled recipe by name, or a path to a TOML file (see ``looks_like_path``)."""
+    if looks_like_path(name_or_path):
+        path = Path(name_or_path).expanduser()
+        if path.is_dir():
+            raise RecipeError(f"recipe {path} is a folder; give the .toml file in it")
         if not path.is_file():
             raise RecipeError(f"recipe file not found: {path}")
         return path
     bundled = BUNDLED_DIR / f"{name_or_path}.toml"
-    if bundled.is_file():
+    if name_or_path and bundled.is_file():
         return bundled
     names = ", ".join(bundled_names())
-    raise RecipeError(f"unknown recipe '{name_or_path}'; bundled recipes: {names} (or give a path)")
+    local = Path(name_or_path)
+    hint = (f"; for the file {name_or_path} here, write ./{name_or_path}"
+            if name_or_path and local.is_file() else " (or give a path to a .toml file)")
+    raise RecipeError(f"unknown recipe '{name_or_path}'; bundled recipes: {names}{hint}")
 
 
 def load(name_or_path: str) -> Recipe:
     path = find(name_or_path)
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise RecipeError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); TOML files are UTF-8, "
+            "save it as UTF-8"
+        ) from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{path}: not valid TOML: {exc}") from None
     return from_dict(data, source=str(path))
@@ -234,7 +273,32 @@ def from_dict(data: dict[str, Any], source: str = "<dict>") -> Recipe:
         if not isinstance(raw, dict):
             raise RecipeError(f"{source}: [{section}] must be a table")
         kwargs[section] = _build_section(source, section, cls, raw)
-    return Recipe(**kwargs)
+    recipe = Recipe(**kwargs)
+    check_whole(recipe, source)
+    return recipe
+
+
+def check_whole(recipe: Recipe, source: str) -> None:
+    """What no single key's range says but the stages later rely on, checked at load so a bad
+    recipe is one line before anything starts (not an error deep in a lifetime, or a journal
+    header the tool itself then refuses to read)."""
+    p, r = recipe.probe, recipe.runtime
+    total = p.requests + p.fillers
+    if p.target_coresidency > total:
+        raise RecipeError(
+            f"{source}: 'probe.target_coresidency' ({p.target_coresidency}) exceeds requests + "
+            f"fillers ({total}): it could never be reached; lower it or add fillers"
+        )
+    small, big = p.row_counts
+    if not small < big:
+        raise RecipeError(
+            f"{source}: 'probe.row_counts' must be [small, big] with small < big, got "
+            f"{[small, big]}"
+        )
+    if any(not g.strip() for g in r.gpus):
+        raise RecipeError(f"{source}: 'runtime.gpus' holds an empty GPU id; give ids like [\"0\"]")
+    if len(set(r.gpus)) != len(r.gpus):
+        raise RecipeError(f"{source}: 'runtime.gpus' lists a GPU twice; give each GPU once")
 
 
 def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) -> Any:
@@ -264,6 +328,8 @@ def _check(source: str, where: str, value: Any, expected: Any) -> Any:
     if expected is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise RecipeError(problem)
+        if not math.isfinite(value):  # TOML has nan and inf; no setting means either
+            raise RecipeError(f"{source}: '{where}' must be a finite number, got {value}")
         return float(value)
     if expected is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from bisect_tool.clitypes import Finite
 from bisect_tool.errors import UsageError
 from bisect_tool.simulate import (
     GRID_GOOD_END_BAD,
@@ -22,20 +23,20 @@ from bisect_tool.strategy import Costs
 
 
 @click.command("simulate")
-@click.option("--candidates", "-n", type=int, default=512, show_default=True,
+@click.option("--candidates", "-n", type=click.IntRange(min=2), default=512, show_default=True,
               help="Commits in the range (hypotheses for the flip).")
-@click.option("--p", "p", type=float, default=0.5, show_default=True,
+@click.option("--p", "p", type=Finite(0, 1, min_open=True), default=0.5, show_default=True,
               help="Chance that a bad-side lifetime shows the bug.")
-@click.option("--q", "q", type=float, default=0.01, show_default=True,
+@click.option("--q", "q", type=Finite(0, 1, max_open=True), default=0.01, show_default=True,
               help="False-alarm chance of a good-side lifetime.")
-@click.option("--trials", type=int, default=100, show_default=True)
+@click.option("--trials", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--confidence", type=float, default=0.99, show_default=True)
-@click.option("--cost-new", type=float, default=10.0, show_default=True,
+@click.option("--confidence", type=Finite(0.5, 1, max_open=True), default=0.99, show_default=True)
+@click.option("--cost-new", type=Finite(min=0), default=10.0, show_default=True,
               help="Cost of preparing a new candidate (download or build).")
-@click.option("--cost-lifetime", type=float, default=1.0, show_default=True,
+@click.option("--cost-lifetime", type=Finite(0, min_open=True), default=1.0, show_default=True,
               help="Cost of one more lifetime.")
-@click.option("--repeats", type=int, default=7, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1), default=7, show_default=True,
               help="Lifetimes per candidate for the fixed_repeats baseline.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--good-end-bad", is_flag=True,
@@ -43,7 +44,7 @@ from bisect_tool.strategy import Costs
 @click.option("--tiered", is_flag=True,
               help="Also run the tiered search: a deterministic fast probe narrows, lifetimes "
                    "confirm on both sides of its flip.")
-@click.option("--narrow-cost", type=float, default=0.1, show_default=True,
+@click.option("--narrow-cost", type=Finite(min=0), default=0.1, show_default=True,
               help="Cost of one fast-probe run, in lifetimes (--tiered).")
 @click.option("--stand-in-wrong", is_flag=True,
               help="The fast probe flips elsewhere than the bug (--tiered must still be right).")
@@ -68,10 +69,8 @@ def simulate_command(
     grid: bool,
 ) -> None:
     """Compare the Bayesian search with classic bisection and fixed repeats on simulated ranges."""
-    if not 0.5 <= confidence < 1:
-        raise UsageError("--confidence must be in [0.5, 1), e.g. 0.99")
-    if cost_new < 0 or cost_lifetime <= 0:
-        raise UsageError("--cost-lifetime must be > 0 and --cost-new >= 0")
+    if q >= p:
+        raise UsageError(f"--q {q} must be below --p {p} (false alarms rarer than the bug)")
     costs = Costs(cost_new, cost_lifetime)
 
     def run(

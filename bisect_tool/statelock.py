@@ -21,7 +21,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisect_tool.errors import StateError
+from bisect_tool.errors import LockHeld, StateDirUnusable
 
 LOCK_NAME = "lock"
 HOLDER_NAME = "lock.holder"
@@ -44,20 +44,20 @@ def ensure_dir(state_dir: Path) -> None:
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise StateError(
+        raise StateDirUnusable(
             f"--state-dir {state_dir} is a file, not a folder; pass a folder you can write"
         ) from None
     except OSError as exc:
-        raise StateError(
+        raise StateDirUnusable(
             f"cannot create the state dir {state_dir} ({exc.strerror or exc}); "
             "pass --state-dir PATH to a folder you can write"
         ) from None
     if not state_dir.is_dir():
-        raise StateError(
+        raise StateDirUnusable(
             f"--state-dir {state_dir} is not a folder; pass a folder you can write"
         )
     if not os.access(state_dir, os.W_OK | os.X_OK):
-        raise StateError(
+        raise StateDirUnusable(
             f"the state dir {state_dir} is not writable; pass --state-dir PATH to a folder "
             "you can write"
         )
@@ -110,12 +110,12 @@ def hold(
         holder = read_holder(state_dir)
         who = holder.describe() if holder else "another process"
         kill = f" (kill {holder.pid})" if holder and holder.pid else ""
-        raise StateError(
+        raise LockHeld(
             f"a bisect is running in {state_dir}: {who}; wait for it, or stop it{kill} and "
             "`bisect resume`"
         ) from None
     except OSError as exc:
-        raise StateError(
+        raise StateDirUnusable(
             f"cannot lock the state dir {state_dir} ({exc.strerror or exc}); "
             "pass --state-dir PATH to a folder you can write"
         ) from None

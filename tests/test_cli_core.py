@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gitrepos import Repo, bisect, linear, run_cli, write_probe
 
-from bisect_tool.errors import StateError, UsageError
+from bisect_tool.errors import NoSession, StateError, UsageError
 
 N = 16
 FLIP = 11
@@ -92,7 +92,7 @@ def test_state_dir_option(repo: Repo, tmp_path: Path) -> None:
     assert not (repo.path / ".git" / "bisect-tool").exists()
     # without --state-dir there is no session to show
     code, _, err = run_cli("status", "--repo", str(repo.path))
-    assert code == StateError.exit_code and "start one with `bisect start`" in err
+    assert code == NoSession.exit_code and "start one with `bisect start`" in err
 
 
 def test_log_and_replay(repo: Repo, tmp_path: Path) -> None:

@@ -16,7 +16,14 @@ import pytest
 from gitrepos import Repo, git, linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
-from bisect_tool.errors import AbortError, RecipeError, StateError, UsageError
+from bisect_tool.errors import (
+    AbortError,
+    CorruptJournal,
+    RecipeError,
+    StateDirUnusable,
+    StateError,
+    UsageError,
+)
 from bisect_tool.runtime.local import _pids_with_env
 
 N = 16
@@ -186,9 +193,9 @@ def test_state_dir_that_is_a_file_or_cannot_be_made(repo: Repo, tmp_path: Path) 
     afile = tmp_path / "afile"
     afile.write_text("x")
     code, _, err = start(repo, afile, "--run", "true")
-    assert code == StateError.exit_code and "is a file, not a folder" in one_line(err)
+    assert code == StateDirUnusable.exit_code and "is a file, not a folder" in one_line(err)
     code, _, err = start(repo, Path("/proc/bisect-nope/st"), "--run", "true")
-    assert code == StateError.exit_code
+    assert code == StateDirUnusable.exit_code
     assert "cannot create the state dir /proc/bisect-nope/st" in one_line(err)
 
 
@@ -240,7 +247,7 @@ def test_journal_line_of_the_wrong_shape_is_one_line_naming_it(
     for argv in (["replay", str(copy)], ["status", "--state-dir", str(tmp_path)],
                  ["report", "--state-dir", str(tmp_path)]):
         code, _, err = run_cli(*argv)
-        assert code == StateError.exit_code, (argv, err)
+        assert code == CorruptJournal.exit_code, (argv, err)
         line = one_line(err)
         assert f"{copy}:3: " in line and says in line, line
 
@@ -249,7 +256,7 @@ def test_replay_of_a_binary_file(tmp_path: Path) -> None:
     blob = tmp_path / "blob.bin"
     blob.write_bytes(bytes(range(256)) * 8)
     code, _, err = run_cli("replay", str(blob))
-    assert code == StateError.exit_code and "not a bisect journal" in one_line(err)
+    assert code == CorruptJournal.exit_code and "not a bisect journal" in one_line(err)
 
 
 # ---- 6. numbers out of range ---------------------------------------------------------------------

@@ -10,7 +10,7 @@ from gitrepos import Repo, linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
 from bisect_tool import session
-from bisect_tool.errors import StateError
+from bisect_tool.errors import CorruptJournal, StateError
 from bisect_tool.range import resolve_range
 
 FLIP = 7  # commit index (1-based) of the first bad commit
@@ -93,7 +93,7 @@ def test_corrupt_middle_line_is_a_one_line_state_error(tmp_path: Path, repo: Rep
     with pytest.raises(StateError, match=r"journal.jsonl:2: corrupt journal line"):
         journal_mod.read(path)
     code, out, err = run_cli("status", "--repo", str(repo.path), "--state-dir", str(tmp_path))
-    assert code == StateError.exit_code
+    assert code == CorruptJournal.exit_code
     assert err.count("\n") == 1 and ":2: corrupt journal line" in err and not out
 
 

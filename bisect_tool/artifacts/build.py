@@ -57,6 +57,25 @@ def _copy_stream(chunks: Iterator[bytes], out: BinaryIO) -> None:
             out.write(chunk)
 
 
+@contextmanager
+def _own_python(scratch: Path) -> Iterator[Path]:
+    """A folder of ``python3``/``python`` shims that run the tool's own interpreter, for the
+    front of a host build's PATH: a build command saying ``python3 setup.py ...`` must not get
+    whatever ``python3`` comes first on the user's PATH (one without the build's packages made
+    every candidate untestable). A recipe that wants another interpreter names it in its
+    build_command. Scripts, not links: a venv's interpreter finds its venv by its own path."""
+    import shlex
+    import sys
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="python-shims-", dir=scratch) as folder:
+        for name in ("python3", "python"):
+            shim = Path(folder) / name
+            shim.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+            shim.chmod(0o755)
+        yield Path(folder)
+
+
 class SourceBuild:
     """The ``source-build`` source."""
 
@@ -141,7 +160,8 @@ class SourceBuild:
             env["BISECT_SESSION"] = self.session
         if Path("/usr/lib/ccache").is_dir():  # Debian's compiler wrappers: gcc goes via ccache
             env["PATH"] = "/usr/lib/ccache:" + env.get("PATH", "")
-        with log.open("wb") as out:
+        with _own_python(self.scratch) as shims, log.open("wb") as out:
+            env["PATH"] = f"{shims}{os.pathsep}{env.get('PATH', '')}"
             # its own process group: on timeout make, ninja and every compiler go too
             process = subprocess.Popen(
                 ["bash", "-c", self.settings.build_command],

@@ -8,6 +8,7 @@ them (``extract`` and ``import`` of a full SHA run on a GPU machine without them
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -134,7 +135,8 @@ def ls_command(cache_dir: str | None) -> None:
 
 
 @artifacts_group.command("gc")
-@click.option("--max-bytes", type=int, default=None, help="Cap (default: the recipe's).")
+@click.option("--max-bytes", type=click.IntRange(min=0), default=None,
+              help="Cap (default: the recipe's).")
 @recipe_option
 @cache_option
 def gc_command(max_bytes: int | None, recipe: str | None, cache_dir: str | None) -> None:
@@ -166,8 +168,36 @@ def extract_command(wheel: Path, members: tuple[str, ...], out: Path, recipe: st
     from bisect_tool.artifacts.extract import extract_members
 
     swap = members or _settings(recipe).swap_set
+    _check_out(out, swap)
     for item in extract_members(wheel, swap, out):
         click.echo(f"{item.sha256}  {item.size:>12}  {item.path}")
+
+
+def _check_out(out: Path, members: tuple[str, ...]) -> None:
+    """``--out`` and each member's folder under it can be made and written, or a one-line
+    UsageError that blames ``--out``: a write error there is no fault of the wheel's."""
+    from bisect_tool.limits import inside
+
+    # Each name first (one climbing out of --out, even through a link, is refused before
+    # anything is made), then the folders the members land in.
+    folders = {out} | {inside(out, m, "wheel member").parent for m in members}
+    for folder in sorted(folders):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise UsageError(
+                f"--out {out}: {folder} is a file, not a folder; give --out a folder"
+            ) from None
+        except OSError as exc:
+            raise UsageError(
+                f"--out {out}: cannot make {folder} ({exc.strerror or exc}); give --out a folder "
+                "you can write"
+            ) from None
+        if not folder.is_dir():  # a link to a file, or another file type
+            raise UsageError(f"--out {out}: {folder} is not a folder; give --out a folder")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {out}: {folder} is not writable; give --out a folder you "
+                             "can write")
 
 
 @artifacts_group.command("import")

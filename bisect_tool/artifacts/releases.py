@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from packaging.utils import (
@@ -35,9 +34,15 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from bisect_tool.artifacts.download import Downloader, GaveUp, NotFound, RetryPolicy
-from bisect_tool.artifacts.index import IndexFile, fetch_project_files, project_url
-from bisect_tool.artifacts.sources import _wheel_rank
+from bisect_tool.artifacts.download import Downloader, RetryPolicy
+from bisect_tool.artifacts.index import IndexFile, project_url
+from bisect_tool.artifacts.sources import (
+    PipIndexes,
+    _wheel_rank,
+    indexes_for,
+    list_files,
+    place_problem,
+)
 from bisect_tool.errors import ArtifactUnavailable, RangeError
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.values import Direction
@@ -106,6 +111,7 @@ class ReleaseListing:
     source: str  # "index", "cache" (the saved listing) or "artifact-cache" (cached swap sets)
     fetched_at: float  # when the index was read (for "artifact-cache": the newest manifest)
     offline_reason: str = ""  # why the index was not used ("" when source is "index")
+    places: str = ""  # every place listed, in words, when more than index_url (pip's extras)
 
     def find(self, version: Version) -> Release | None:
         return next((r for r in self.releases if r.version == version), None)
@@ -202,27 +208,40 @@ def _from_artifact_cache(
 
 
 def list_releases(
-    package: str, index_url: str, downloader: Downloader, cache_root: Path
+    package: str,
+    index_url: str,
+    downloader: Downloader,
+    cache_root: Path,
+    places: PipIndexes | None = None,
 ) -> ReleaseListing:
-    """Every release of ``package`` on the simple index at ``index_url``.
+    """Every release of ``package`` on the simple index at ``index_url`` (and, with ``places``,
+    in every place pip would look: its extra indexes and find-links, merged).
 
     ``downloader`` lends its HTTP client (and its retry policy's ``sleep``, so tests wait for
     nothing); the listing itself runs under ``LISTING_RETRY`` and ``LISTING_TIMEOUT``. Its
     requests count into ``downloader.requests``. ``cache_root`` is the artifact cache's root.
 
-    Online, the listing is saved to ``cache_root/index/<package>.json``. When the index cannot
-    be reached, that saved listing is used (``source == "cache"``), else the releases in the
-    artifact cache (``"artifact-cache"``), else ``RangeError``. A 404 is a definite answer (no
-    such project on that index): ``RangeError``, no fallback.
+    Online, the listing is saved to ``cache_root/index/<package>.json``. When no place can be
+    reached, that saved listing is used (``source == "cache"``), else the releases in the
+    artifact cache (``"artifact-cache"``), else ``RangeError``. A 404 everywhere is a definite
+    answer (no such project there): ``RangeError``, no fallback. A place that cannot be read
+    while others can is left out, as pip leaves it out.
     """
     index = index_url.rstrip("/")
-    parts = urlsplit(index)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        # Caught here: httpx would call it a transport error, and that would read as offline.
+    places = places or PipIndexes(index)
+    if not places.indexes and not places.find_links:
         raise RangeError(
-            f"the index URL '{index_url}' is not an http(s) URL; set PIP_INDEX_URL or pip's "
-            "index-url to one such as https://pypi.org/simple"
+            f"pip's configuration says no-index and names no find-links: nowhere to list the "
+            f"releases of {package}; pass --index-url URL or set PIP_FIND_LINKS"
         )
+    for place in (*places.indexes, *places.find_links):
+        problem = place_problem(place)
+        if problem:
+            # Caught here: httpx would call it a transport error, and that would read as offline.
+            raise RangeError(
+                f"the index URL '{place}' {problem}; set PIP_INDEX_URL or pip's index-url to "
+                "one such as https://pypi.org/simple"
+            )
     policy = replace(
         LISTING_RETRY,
         attempts=min(LISTING_RETRY.attempts, downloader.retry.attempts),
@@ -230,31 +249,47 @@ def list_releases(
     )
     quick = downloader.with_policy(policy, timeout=LISTING_TIMEOUT)
     try:
-        files, page = fetch_project_files(quick, index, package)
-    except NotFound:
-        raise RangeError(
-            f"{project_url(index, package)}: 404, {index} has no project '{package}'; check the "
-            "recipe's [artifacts] package and the index (PIP_INDEX_URL or pip's index-url)"
-        ) from None
-    except GaveUp as exc:
-        reason = exc.message
+        listed = list_files(quick, places, package)
     except ArtifactUnavailable as exc:
         raise RangeError(f"cannot list the releases of {package}: {exc.message}") from None
-    else:
+    releases = group_files(package, listed.files)
+    if not listed.unreachable:
+        if not releases:
+            where = project_url(index, package) if index in listed.missing else index
+            raise RangeError(
+                f"{where}: 404, {places.describe()} has no project '{package}'; check the "
+                "recipe's [artifacts] package and the index (PIP_INDEX_URL or pip's index-url)"
+            )
         now = time.time()
         path = listing_path(cache_root, package)
         with contextlib.suppress(OSError):  # a read-only cache costs the offline fallback only
-            _save(path, package, index, page, files, now)
-        return ReleaseListing(package, index, group_files(package, files), "index", now)
+            _save(path, package, index, listed.pages[0], listed.files, now)
+        return ReleaseListing(package, index, releases, "index", now, places=_places(places))
+    # Some place could not be read: what the others list joins the saved listing (never saved
+    # itself: a partial listing must not replace a whole one).
+    place, reason = listed.unreachable[0]
+    reason = f"{place}: {reason}" if place != index else reason
     cached = _load(listing_path(cache_root, package), package, reason)
-    if cached is None:
-        cached = _from_artifact_cache(cache_root, package, index, reason)
+    if cached is not None:
+        saved = {f.filename for r in cached.releases for f in r.files}
+        extra = [f for f in listed.files if f.filename not in saved]
+        files = [f for r in cached.releases for f in r.files] + extra
+        return replace(cached, releases=group_files(package, files), places=_places(places))
+    if releases:
+        return ReleaseListing(package, index, releases, "index", time.time(), reason,
+                              places=_places(places))
+    cached = _from_artifact_cache(cache_root, package, index, reason)
     if cached is None:
         raise RangeError(
-            f"cannot reach {index} and no cached listing of {package}: run once online, or "
-            "`bisect artifacts import --release VERSION ...`"
+            f"cannot reach {places.describe()} and no cached listing of {package}: run once "
+            "online, or `bisect artifacts import --release VERSION ...`"
         )
     return cached
+
+
+def _places(places: PipIndexes) -> str:
+    """The listing's places in words, when there is more than its one index."""
+    return places.describe() if places != PipIndexes(places.index_url) else ""
 
 
 @dataclass(frozen=True)
@@ -274,7 +309,7 @@ class ReleaseRange:
 def _where(listing: ReleaseListing) -> str:
     if listing.source == "artifact-cache":
         return "in the artifact cache (the index could not be reached)"
-    return f"on {listing.index_url}"
+    return f"on {listing.places or listing.index_url}"
 
 
 def _nearest(listing: ReleaseListing, wanted: Version) -> list[Version]:
@@ -370,11 +405,13 @@ def resolve_release_range(
 
 def fetch_listing(package: str, index_url: str, cache_root: Path) -> ReleaseListing:
     """``list_releases`` with an HTTP client of its own, closed on return (the run owner asks
-    for the listing once, before any artifact is fetched)."""
+    for the listing once, before any artifact is fetched). When ``index_url`` is pip's own
+    index, every place pip would look is listed (``indexes_for``)."""
     from bisect_tool.artifacts.download import Downloader
 
     with httpx.Client(headers={"User-Agent": "bisect-tool"}) as client:
-        return list_releases(package, index_url, Downloader(client), cache_root)
+        return list_releases(package, index_url, Downloader(client), cache_root,
+                             indexes_for(index_url))
 
 
 def release_aliases(package: str, tags: Iterable[str]) -> list[str]:

@@ -12,14 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
+from urllib.request import url2pathname
 
 from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from bisect_tool.artifacts.download import Downloader, NotFound
-from bisect_tool.artifacts.index import IndexFile, fetch_project_files
+from bisect_tool.artifacts.download import Downloader, GaveUp, NotFound
+from bisect_tool.artifacts.index import IndexFile, fetch_project_files, parse_html
 from bisect_tool.errors import ArtifactUnavailable
 from bisect_tool.values import short
 
@@ -148,37 +149,210 @@ class WheelIndexSource:
         return Fetched("wheel", dest, url, temporary=True)
 
 
-def pip_index_url(env: Mapping[str, str] | None = None, home: Path | None = None) -> str:
-    """The index the user's pip uses: $PIP_INDEX_URL, else index-url from pip's config files
-    (site-wide, user, virtualenv, then $PIP_CONFIG_FILE; later wins; [install] over [global])."""
-    env = os.environ if env is None else env
-    if env.get("PIP_INDEX_URL"):
-        return env["PIP_INDEX_URL"]
-    home = home or Path.home()
-    config_file = env.get("PIP_CONFIG_FILE", "")
+PYPI = "https://pypi.org/simple"
+
+
+@dataclass(frozen=True)
+class PipIndexes:
+    """Where pip looks for a package: its index, the extra indexes, the find-links locations
+    (folders of wheels, or pages of links), and whether ``no-index`` switches the indexes off."""
+
+    index_url: str = PYPI
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
+
+    @property
+    def indexes(self) -> tuple[str, ...]:
+        return () if self.no_index else (self.index_url, *self.extra_index_urls)
+
+    def describe(self) -> str:
+        """The places in words: "https://a/simple, https://b/simple and find-links /w"."""
+        places = [*self.indexes, *(f"find-links {f}" for f in self.find_links)]
+        if len(places) <= 1:
+            return places[0] if places else "no index (pip's no-index, and no find-links)"
+        return ", ".join(places[:-1]) + f" and {places[-1]}"
+
+
+_TRUE = {"y", "yes", "t", "true", "on", "1"}
+
+
+def _pip_name(name: str) -> str:
+    # pip's own normalisation (configuration._normalize_name): INDEX_URL, --index-url and
+    # index_url all name index-url.
+    return name.lower().replace("_", "-").removeprefix("--")
+
+
+def _pip_files(env: Mapping[str, str], home: Path, prefix: Path) -> list[Path]:
+    """pip's configuration files, in the order pip loads them (a later one wins): site-wide
+    ($XDG_CONFIG_DIRS/pip/pip.conf, /etc/pip.conf), the user's (~/.pip/pip.conf, then
+    $XDG_CONFIG_HOME/pip/pip.conf; skipped when $PIP_CONFIG_FILE names a file that exists), the
+    environment's (sys.prefix/pip.conf), then $PIP_CONFIG_FILE. $PIP_CONFIG_FILE=/dev/null:
+    none at all (pip's own rule)."""
+    config_file = env.get("PIP_CONFIG_FILE")
     if config_file == os.devnull:
-        return "https://pypi.org/simple"
-    xdg_config = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
-    files = [
-        Path("/etc/xdg/pip/pip.conf"),
-        Path("/etc/pip.conf"),
-        home / ".pip" / "pip.conf",
-        xdg_config / "pip" / "pip.conf",
-        Path(sys.prefix) / "pip.conf",
-    ]
+        return []
+    dirs = (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep)
+    files = [Path(d) / "pip" / "pip.conf" for d in dirs if d] + [Path("/etc/pip.conf")]
+    if not (config_file and Path(config_file).exists()):
+        xdg_config = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
+        files += [home / ".pip" / "pip.conf", xdg_config / "pip" / "pip.conf"]
+    files.append(prefix / "pip.conf")
     if config_file:
         files.append(Path(config_file))
-    found = ""
-    for path in files:
-        parser = configparser.ConfigParser(interpolation=None)
+    return files
+
+
+def pip_settings(
+    env: Mapping[str, str] | None = None, home: Path | None = None, prefix: Path | None = None
+) -> dict[str, str]:
+    """What pip's configuration says for ``pip install``, as pip merges it: every file's
+    [global] then [install] values (a later file wins within each), then the ``PIP_*``
+    environment variables over both. Keys are pip's option names (``index-url``)."""
+    env = os.environ if env is None else env
+    merged: dict[str, str] = {}
+    for path in _pip_files(env, home or Path.home(), prefix or Path(sys.prefix)):
+        parser = configparser.RawConfigParser()
+        parser.optionxform = _pip_name  # type: ignore[assignment,method-assign]
         try:
-            parser.read(path)
-        except configparser.Error:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, UnicodeDecodeError, OSError):
+            continue  # pip stops with an error; a listing should not: the file is skipped
+        for section in parser.sections():
+            for key, value in parser.items(section):
+                merged[f"{section}.{key}"] = value
+    out: dict[str, str] = {}
+    for section in ("global", "install"):
+        out.update({k.split(".", 1)[1]: v for k, v in merged.items()
+                    if k.split(".", 1)[0] == section})
+    for key, value in env.items():
+        if key.startswith("PIP_") and key not in ("PIP_VERSION", "PIP_HELP"):
+            out[_pip_name(key[4:])] = value
+    return out
+
+
+def pip_config(
+    env: Mapping[str, str] | None = None, home: Path | None = None, prefix: Path | None = None
+) -> PipIndexes:
+    """The indexes and find-links locations ``pip install`` would use (see ``pip_settings``)."""
+    settings = pip_settings(env, home, prefix)
+    return PipIndexes(
+        index_url=settings.get("index-url", "").strip() or PYPI,
+        extra_index_urls=tuple(settings.get("extra-index-url", "").split()),
+        find_links=tuple(settings.get("find-links", "").split()),
+        no_index=settings.get("no-index", "").strip().lower() in _TRUE,
+    )
+
+
+def pip_index_url(env: Mapping[str, str] | None = None, home: Path | None = None) -> str:
+    """The index the user's pip uses ($PIP_INDEX_URL, else index-url from pip's config files,
+    else PyPI): where release wheels are listed unless the recipe or --index-url names one."""
+    return pip_config(env, home).index_url
+
+
+def indexes_for(index_url: str) -> PipIndexes:
+    """Every place pip would look when ``index_url`` is pip's own index (nobody named another:
+    its extra indexes and find-links count too, as they do for ``pip install``); else the
+    index that was named, alone."""
+    config = pip_config()
+    if index_url.rstrip("/") == config.index_url.rstrip("/"):
+        return config
+    return PipIndexes(index_url)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What the places of a ``PipIndexes`` hold for one package."""
+
+    files: tuple[IndexFile, ...]
+    pages: tuple[str, ...]  # what was read: page URLs and folders
+    missing: tuple[str, ...] = ()  # indexes that have no such project (404, no folder)
+    unreachable: tuple[tuple[str, str], ...] = ()  # (place, why) that could not be read
+
+
+def local_path(location: str) -> Path | None:
+    """The local path a ``file:`` URL or a plain path names; None for an http(s) URL."""
+    parts = urlsplit(location)
+    if parts.scheme == "file":
+        return Path(url2pathname(parts.path))
+    if parts.scheme in ("http", "https"):
+        return None
+    return Path(location).expanduser()
+
+
+def place_problem(location: str) -> str:
+    """Why pip could not read ``location`` as an index or find-links place ("" if it can)."""
+    parts = urlsplit(location)
+    if parts.scheme in ("http", "https"):
+        return "" if parts.netloc else "has no host"
+    if parts.scheme == "file" or Path(location).expanduser().exists():
+        return ""
+    return "is not an http(s) or file:// URL, nor an existing path"
+
+
+def _local_files(path: Path, page: str) -> list[IndexFile]:
+    """A find-links folder (every file in it) or a local page of links (.html)."""
+    if path.is_dir():
+        return [IndexFile(f.name, f.resolve().as_uri()) for f in sorted(path.iterdir())
+                if f.is_file()]
+    if path.suffix.lower() in (".html", ".htm"):
+        return parse_html(path.read_text(encoding="utf-8", errors="replace"), page)
+    return [IndexFile(path.name, path.resolve().as_uri())]
+
+
+def list_files(downloader: Downloader, places: PipIndexes, package: str) -> Listed:
+    """Every file of ``package`` in every place pip would look, merged (PEP 503/691 pages of
+    the indexes, a ``file://`` index's ``<project>/index.html``, find-links folders and
+    pages). A place that cannot be read is noted, not fatal: pip goes on with the others."""
+    files: list[IndexFile] = []
+    pages: list[str] = []
+    missing: list[str] = []
+    unreachable: list[tuple[str, str]] = []
+    for index in places.indexes:
+        path = local_path(index)
+        if path is None:
+            try:
+                found, page = fetch_project_files(downloader, index, package)
+            except NotFound:
+                missing.append(index)
+                continue
+            except GaveUp as exc:
+                unreachable.append((index, exc.message))
+                continue
+            files += found
+            pages.append(page)
             continue
-        for section in ("global", "install"):
-            if parser.has_option(section, "index-url"):
-                found = parser.get(section, "index-url").strip()
-    return found or "https://pypi.org/simple"
+        project = path / canonicalize_name(package)
+        page_file = project / "index.html"
+        if not page_file.is_file():
+            missing.append(index)
+            continue
+        try:
+            files += parse_html(page_file.read_text(encoding="utf-8", errors="replace"),
+                                project.resolve().as_uri() + "/")
+        except OSError as exc:
+            unreachable.append((index, exc.strerror or str(exc)))
+            continue
+        pages.append(str(page_file))
+    for link in places.find_links:
+        path = local_path(link)
+        try:
+            if path is None:
+                response = downloader.get(link, headers={"Accept": "text/html"})
+                files += parse_html(response.text, str(response.url))
+                pages.append(str(response.url))
+            elif path.exists():
+                files += _local_files(path, path.resolve().as_uri())
+                pages.append(str(path))
+            else:
+                missing.append(link)
+        except NotFound:
+            missing.append(link)
+        except GaveUp as exc:
+            unreachable.append((link, exc.message))
+        except OSError as exc:
+            unreachable.append((link, exc.strerror or str(exc)))
+    return Listed(tuple(files), tuple(pages), tuple(missing), tuple(unreachable))
 
 
 def release_version(tag: str) -> Version | None:
@@ -213,9 +387,14 @@ class ReleaseSource:
         self.downloads = downloads
 
     def _files(self) -> list[IndexFile]:
-        """Every file of the package on the index's project page (JSON, or HTML)."""
-        files, _ = fetch_project_files(self.downloader, self.index, self.package)
-        return files
+        """Every file of the package where pip would look for it (``indexes_for``): the
+        index's project page (JSON, or HTML), and the extra indexes and find-links of pip's
+        configuration when the index is pip's own."""
+        places = indexes_for(self.index)
+        if places == PipIndexes(self.index):
+            files, _ = fetch_project_files(self.downloader, self.index, self.package)
+            return files
+        return list(list_files(self.downloader, places, self.package).files)
 
     def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
         # Newest release first: a commit tagged both v0.26.0rc3 and v0.26.0 is the final one.
@@ -236,13 +415,32 @@ class ReleaseSource:
             ranked = sorted((w[1:] for w in wheels if w[0] == version), key=lambda w: w[0])
             if ranked:
                 _, filename, url, sha = ranked[0]
+                path = local_path(url)
+                if path is not None:  # a file:// index or a find-links folder: no download
+                    return Fetched("wheel", path, url, wheel_sha256=_checked(path, url, sha))
                 dest = _download_name(commit, url, self.downloads)
                 self.downloader.download(url, dest, sha256=sha)
                 return Fetched("wheel", dest, url, wheel_sha256=sha, temporary=True)
         raise ArtifactUnavailable(
-            f"{self.index} has no wheel for CPython {_target()} on manylinux {TARGET_ARCH} of "
+            f"{indexes_for(self.index).describe()} has no wheel for CPython {_target()} on "
+            f"manylinux {TARGET_ARCH} of "
             + " or ".join(f"{self.package}=={v}" for v in versions)
         )
+
+
+def _checked(path: Path, url: str, sha256: str) -> str:
+    """The sha256 of a local wheel, checked against the one its index published (if any)."""
+    from bisect_tool.artifacts.extract import sha256_file
+
+    try:
+        got = sha256_file(path)
+    except OSError as exc:
+        raise ArtifactUnavailable(f"{url}: cannot be read ({exc.strerror or exc})") from None
+    if sha256 and got != sha256.lower():
+        raise ArtifactUnavailable(
+            f"{url}: sha256 mismatch (index says {sha256[:16]}..., got {got[:16]}...)"
+        )
+    return got
 
 
 class LocalSource:

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from bisect_tool.clitypes import Finite
 from bisect_tool.errors import RecipeError, UsageError
 from bisect_tool.interfaces import ProbeResult, ServerHandle
 from bisect_tool.recipe import BUNDLED_DIR, ProbeSettings, load
@@ -88,11 +89,14 @@ def _complete_recipe(ctx: click.Context, param: click.Parameter, incomplete: str
               help="With --commit: also run the positive/negative controls on the commit.")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=None,
               help="With --commit: keep logs and builds' state here (default: a temp dir).")
-@click.option("--requests", type=int, default=None, help="Requests sharing the prefix (M).")
-@click.option("--fillers", type=int, default=None, help="Unrelated filler requests (F).")
-@click.option("--repeats", type=int, default=None, help="Repeats compared pairwise (R).")
-@click.option("--max-tokens", type=int, default=None)
-@click.option("--jitter-ms", type=float, default=None,
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Requests sharing the prefix (M).")
+@click.option("--fillers", type=click.IntRange(min=0), default=None,
+              help="Unrelated filler requests (F).")
+@click.option("--repeats", type=click.IntRange(min=2), default=None,
+              help="Repeats compared pairwise (R).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None)
+@click.option("--jitter-ms", type=Finite(min=0), default=None,
               help="Random submission delay per request, 0..N ms.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw result as JSON.")
 def probe_command(
@@ -158,12 +162,28 @@ def probe_command(
 def _probe_server(
     url: str, settings: ProbeSettings, sequential: bool, model: str | None
 ) -> ProbeResult:
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--server {url!r} must be a URL such as http://127.0.0.1:8000")
+    check_server_url(url)
     from bisect_tool.probes.server import ServerDeterminismProbe  # httpx only when needed
 
     probe = ServerDeterminismProbe(settings, model=model, sequential=sequential)
     return probe.run(ServerHandle(url=url, lifetime_id="cli", log_path=Path(os.devnull)))
+
+
+def check_server_url(url: str) -> None:
+    """A usable http(s) URL with a host and a port in 1..65535, or a one-line UsageError (httpx
+    would raise its own exception types for ``http://[::1`` or ``http://localhost:99999``)."""
+    from urllib.parse import urlsplit
+
+    example = "give one such as http://127.0.0.1:8000 or http://[::1]:8000"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"--server {url!r} is not a valid URL ({exc}); {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--server {url!r} must be an http(s) URL with a host; {example}")
+    if port == 0:
+        raise UsageError(f"--server {url!r}: port 0 cannot be connected to; {example}")
 
 
 def _probe_extension(

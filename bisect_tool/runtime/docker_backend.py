@@ -65,7 +65,7 @@ def server_command(settings: RuntimeSettings, port: int) -> list[str]:
         raise RecipeError(
             "[runtime] server_module is empty; set it, e.g. vllm.entrypoints.openai.api_server"
         )
-    cmd = [settings.python, "-m", settings.server_module, *settings.server_args]
+    cmd = [settings.interpreter(), "-m", settings.server_module, *settings.server_args]
     if settings.model and "--model" not in settings.server_args:
         cmd += ["--model", settings.model]
     return [*cmd, "--host", LOOPBACK, "--port", str(port)]
@@ -310,11 +310,13 @@ class DockerBackend:
         with self._lock:
             if pkg in self._package_dirs:
                 return self._package_dirs[pkg]
-        code, out, err = self._run_once([self.settings.python, "-c", PACKAGE_DIR_SCRIPT, pkg])
+        code, out, err = self._run_once(
+            [self.settings.interpreter(), "-c", PACKAGE_DIR_SCRIPT, pkg]
+        )
         if code != 0 or not out.strip():
             why = (err.strip().splitlines() or [f"exit {code}"])[-1]
             raise RecipeError(
-                f"image {self.settings.image}: {self.settings.python} cannot find package "
+                f"image {self.settings.image}: {self.settings.interpreter()} cannot find package "
                 f"'{pkg}' ({why}); fix [runtime] image or python"
             )
         found = out.strip().splitlines()[-1]
@@ -446,7 +448,7 @@ class DockerBackend:
 
     def _dump(self, path: str, *, what: str, mounts: Sequence[Any] = ()) -> dict[str, str] | None:
         code, out, err = self._run_once(
-            schemas.dump_command(self.settings.python, path), mounts=mounts
+            schemas.dump_command(self.settings.interpreter(), path), mounts=mounts
         )
         if code != 0:
             last = (err.strip().splitlines() or [f"exit {code}"])[-1]

@@ -41,7 +41,9 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
     """What the report's Environment line shows: the pinned stack's Python, torch, GPU, driver.
 
     Asked of the pinned stack's interpreter (local backend) so the versions are the ones the
-    lifetimes ran with; best effort, never an error.
+    lifetimes ran with; best effort, never an error. ``interpreter`` names that interpreter and
+    ``python`` carries its path too, so the report says which one ran (the tool's own unless
+    the recipe or --python named another).
     """
     runtime = recipe.runtime
     facts: dict[str, Any] = {"tool": __version__, "host_python": platform.python_version()}
@@ -53,17 +55,20 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
         if runtime.pinned_package_dir:
             rest = env.get("PYTHONPATH", "")
             env["PYTHONPATH"] = runtime.pinned_package_dir + (os.pathsep + rest if rest else "")
+        interpreter = runtime.interpreter()
+        facts["interpreter"] = interpreter
         try:
             done = subprocess.run(
-                [runtime.python or "python3", "-c", _ENV_SCRIPT, recipe.artifacts.package],
+                [interpreter, "-c", _ENV_SCRIPT, recipe.artifacts.package],
                 capture_output=True,
                 text=True,
                 timeout=120,
                 env=env,
             )
             facts.update(json.loads(done.stdout.strip().splitlines()[-1]))
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            pass
+            facts["python"] = f"{facts['python']} ({interpreter})"
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError):
+            facts["python"] = f"unknown ({interpreter} did not answer)"
         if runtime.pinned_package_dir:
             facts["pinned_stack"] = runtime.pinned_package_dir
     try:

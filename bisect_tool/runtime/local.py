@@ -149,7 +149,7 @@ class LocalBackend:
             )
         try:
             done = subprocess.run(
-                [self.settings.python, "-c", PACKAGE_DIR_SCRIPT, pkg],
+                [self.settings.interpreter(), "-c", PACKAGE_DIR_SCRIPT, pkg],
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -159,12 +159,13 @@ class LocalBackend:
             )
         except FileNotFoundError:
             raise RecipeError(
-                f"pinned interpreter not found: {self.settings.python}; set [runtime] python"
+                f"pinned interpreter not found: {self.settings.interpreter()}; set [runtime] "
+                "python"
             ) from None
         if done.returncode != 0 or not done.stdout.strip():
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RecipeError(
-                f"{self.settings.python} cannot find package '{pkg}' ({why}); set [runtime] "
+                f"{self.settings.interpreter()} cannot find package '{pkg}' ({why}); set [runtime] "
                 "python to the pinned stack's interpreter or pinned_package_dir"
             )
         return Path(done.stdout.strip().splitlines()[-1])
@@ -180,7 +181,7 @@ class LocalBackend:
             raise RecipeError(
                 "[runtime] server_module is empty; set it, e.g. vllm.entrypoints.openai.api_server"
             )
-        cmd = [s.python, "-m", s.server_module, *s.server_args]
+        cmd = [s.interpreter(), "-m", s.server_module, *s.server_args]
         if s.model and "--model" not in s.server_args:
             model = Path(s.model).expanduser()
             # The server runs in the overlay directory: a relative model path must be absolute.
@@ -284,7 +285,9 @@ class LocalBackend:
 
                 def candidate_for(rel: str) -> dict[str, str] | None:
                     what = f"candidate {short(swap.commit)} {rel}"
-                    return schemas.dump_local(self.settings.python, str(root / rel), what=what)
+                    return schemas.dump_local(
+                        self.settings.interpreter(), str(root / rel), what=what
+                    )
 
                 schemas.check_extensions(
                     swap, exts, self._pinned_dump, candidate_for, self.settings.gate_ops
@@ -299,7 +302,9 @@ class LocalBackend:
         if path is None or not path.is_file():
             return None
         try:
-            dump = schemas.dump_local(self.settings.python, str(path), what=f"pinned {rel}")
+            dump = schemas.dump_local(
+                self.settings.interpreter(), str(path), what=f"pinned {rel}"
+            )
         except IncompatibleExtension as exc:
             # The pinned stack's own extension must load; if not, no candidate can be judged.
             raise InfrastructureError(f"{exc}; check [runtime] python") from None
