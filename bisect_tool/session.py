@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool import __version__, entries
+from bisect_tool.ends import good_end_not_good
 from bisect_tool.errors import StateError
 from bisect_tool.journal import JournalContents
 from bisect_tool.range import Candidate, CommitRange
@@ -306,11 +307,14 @@ class State:
     def search_state(self) -> SearchState:
         """Where the search stands, with SHAs instead of positions (what the report renders)."""
         s = self.strategy.summary()
+        # a good end that showed the bug may not be a good end at all (bisect_tool.ends): the
+        # answer's confidence is P(the flip AND both ends as given), so it takes that doubt too
+        not_good = good_end_not_good(self.strategy)
         return SearchState(
             state=self.end["state"] if self.end else str(EndState.RUNNING),
             direction=str(self.direction),
             flip_block=tuple(self.candidates[f].sha for f in s.block),
-            confidence=s.confidence,
+            confidence=s.confidence * (1 - not_good),
             credible_set=tuple(self.candidates[f].sha for f in s.credible_set),
             p_median=s.p_median,
             p_interval=s.p_interval,
@@ -319,7 +323,7 @@ class State:
             evaluations=s.evaluations,
             candidates_tested=s.candidates_tested,
             posterior=(0.0, *(float(x) for x in self.strategy.posterior())),
-            good_end_doubt=s.good_end_doubt,
+            good_end_doubt=s.good_end_doubt + (1 - s.good_end_doubt) * not_good,
             bad_end_doubt=s.bad_end_doubt,
             tiers=self._tier_facts(),
         )

@@ -74,3 +74,75 @@ def test_simulated_good_end_bad_is_said_so_not_named() -> None:
     for p, q in ((0.5, 0.01), (1.0, 0.0)):
         r = simulate(64, p, q, 40, seed=0, good_end_bad=True, processes=1)
         assert r.strategies["bayes"].accuracy == 1.0, (p, q)
+
+
+# ---- a real flip, and a good end that fails too (issue 30, "must never happen" 2) -------------
+
+
+def _drive_scripted(good_end: list[bool], flip: int = 20, n: int = 40) -> tuple[object, object]:
+    """The bisect design over ``n`` commits (a regression at ``flip``, p = 1 on the bad side)
+    whose given good end answers ``good_end`` in turn (True: divergent), then clean."""
+    from bisect_tool import session
+    from bisect_tool.designs import Item, drive
+    from bisect_tool.designs.bisect import BisectDesign
+    from bisect_tool.journal import JournalContents
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.values import Direction, Observation, Verdict
+
+    shas = [f"{i:040x}" for i in range(n)]
+    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
+                      tuple(Candidate(s, f"c{i}") for i, s in enumerate(shas)))
+    state = session.replay(JournalContents(dict(session.header_for(rng)), ()))
+    answers = list(good_end)
+
+    def evaluate(item: Item) -> Observation:
+        position = item.key[0]
+        bug = (answers.pop(0) if answers else False) if position == 0 else position >= flip
+        return Observation(item.commit, Verdict.DIVERGENT if bug else Verdict.CLEAN,
+                           item.lifetime_id)
+
+    finish = drive(BisectDesign(state), evaluate)
+    return finish, state
+
+
+def test_a_good_end_that_fails_every_time_with_a_real_flip_inside_stops_saying_so() -> None:
+    # Before: 99.5 % "both ends as given" and the real flip named, exit 0, in 3 of 3 runs.
+    finish, state = _drive_scripted([True] * 50)
+    assert str(finish.state) == "ends_contradict", finish  # type: ignore[attr-defined]
+    assert "the good end 000000000000 shows the bug" in finish.message  # type: ignore[attr-defined]
+    assert state.summary()["state"] == "ends_contradict"  # type: ignore[attr-defined]
+
+
+def test_a_good_end_that_fails_half_the_time_stops_saying_so() -> None:
+    finish, _ = _drive_scripted([True, False] * 25)
+    assert str(finish.state) == "ends_contradict"  # type: ignore[attr-defined]
+
+
+def test_one_false_alarm_at_the_good_end_is_tested_then_the_answer_stands() -> None:
+    # A single divergence, then clean: the good end is run again until a false alarm is the
+    # better explanation; the flip is named, and the doubt it had is gone from the confidence.
+    finish, state = _drive_scripted([True])
+    summary = state.summary()  # type: ignore[attr-defined]
+    assert str(finish.state) == "done", finish  # type: ignore[attr-defined]
+    assert summary["flip_commit"] == f"{20:040x}"
+    assert summary["confidence"] >= 0.99 and summary["good_end_doubt"] < 0.01
+    good_end_lifetimes = [e for e in state.seen_lifetimes if e.startswith("0" * 12)]  # type: ignore[attr-defined]
+    assert len(good_end_lifetimes) >= 5  # it was asked again, not explained away at once
+
+
+def test_the_doubt_shows_in_the_confidence_while_the_good_end_is_suspect() -> None:
+    from bisect_tool.ends import good_end_not_good
+    from bisect_tool.strategy import BayesianStrategy
+    from bisect_tool.values import Direction
+
+    s = BayesianStrategy(40, Direction.REGRESSION)
+    for i in range(20, 40):
+        s.record(i, True)
+    for i in range(1, 20):
+        s.record(i, False)
+    assert good_end_not_good(s) == 0.0  # never ran the good end: no such doubt
+    s.record(0, True)  # its one lifetime diverged, as every bad-side one did
+    assert good_end_not_good(s) > 0.5
+    for _ in range(3):
+        s.record(0, False)  # the bad side never runs clean: these say "a false alarm"
+    assert good_end_not_good(s) < 0.005

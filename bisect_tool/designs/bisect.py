@@ -17,11 +17,12 @@ from typing import Any
 
 from bisect_tool import entries
 from bisect_tool.designs import Controls, Finish, Item, Record, Step, Work
+from bisect_tool.ends import good_end_not_good
 from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.recipe import SearchSettings
 from bisect_tool.session import State, narrow_kind, observation_entry
-from bisect_tool.strategy import BayesianStrategy, NoCandidateLeft
+from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft
 from bisect_tool.tiers import NARROW_END_RUNS, Phase, Tier, confirm_sides, disagreement
 from bisect_tool.values import Direction, Observation, Verdict, short
 from bisect_tool.verdict import EndState, controls_problem
@@ -108,8 +109,11 @@ class BisectDesign:
         strategy = state.strategy_for(tier)
         # the run's own costs, as measured so far (the recipe's until then)
         strategy.costs = state.measured_costs(tier)
+        suspect = self._suspect_good_end(decision)
         try:
-            batch = strategy.select_batch(self.slots, decision.within)
+            batch = ([Choice(suspect, self.slots, "the good end showed the bug: a false alarm, "
+                             "or not a good end?")] if suspect is not None
+                     else strategy.select_batch(self.slots, decision.within))
         except NoCandidateLeft as exc:
             if tier is Tier.NARROW or decision.within is not None:
                 return _switch(Phase.FAITHFUL, f"the tiered search cannot go on ({exc}); going "
@@ -131,6 +135,19 @@ class BisectDesign:
         hints = strategy.next_midpoints(batch[0].position)
         prepare = tuple(sorted({state.candidates[p].sha for p in hints}))
         return Work(tuple(items), prepare, tuple(events))
+
+    def _suspect_good_end(self, decision: _Lifetimes) -> int | None:
+        """The good end, while the chance that it is not a good end (it showed the bug) keeps the
+        answer below the asked confidence: more of its own lifetimes tell a false alarm from a
+        good end that is not good; after as many as the bad end gets, the doubt stays shown."""
+        s = self.state.strategy
+        if decision.tier is not Tier.FAITHFUL or decision.within is not None:
+            return None
+        _, good = s.effective_ends()
+        if good is None or s.counts.total[good] >= self.state.settings.max_end_lifetimes:
+            return None
+        not_good = good_end_not_good(s)
+        return good if not_good > 1 - s.stop_threshold() else None
 
     def _chosen(self, tier: Tier, candidate: Candidate, reason: str, lifetimes: int) -> Event:
         s = self.state.strategy_for(tier)
@@ -315,7 +332,11 @@ def _stop_reason(
     contradicted = s.contradicted_end() if counts.total[bad] and counts.total[good] else None
     if contradicted is not None:
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
-    if counts.total[bad] and counts.total[good] and s.done() and s.bug_shown():
+    not_good = good_end_not_good(s) if s is state.strategy else 0.0
+    if not_good >= s.stop_threshold():
+        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, "good", s, not_good)
+    done = s.done() and s.top_block()[1] * (1 - not_good) >= s.stop_threshold()
+    if counts.total[bad] and counts.total[good] and done and s.bug_shown():
         return EndState.DONE, "the flip holds the asked confidence"
     if spent >= settings.max_evaluations:
         return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"
@@ -323,9 +344,10 @@ def _stop_reason(
 
 
 def ends_contradict_message(
-    state: State, end: str, strategy: BayesianStrategy | None = None
+    state: State, end: str, strategy: BayesianStrategy | None = None, not_good: float = 0.0
 ) -> str:
-    """One line: which end, what it saw, what to do."""
+    """One line: which end, what it saw, what to do. ``not_good``: P(the good end shows the bug
+    though the flip lies inside the range), when that is why (``bisect_tool.ends``)."""
     s = strategy or state.strategy
     bad, good = s.effective_ends()
     pos = (good if end == "good" else bad)
@@ -336,10 +358,12 @@ def ends_contradict_message(
     beyond, not_bad = s.end_doubts()
     if end == "good":
         older = "older" if state.direction is Direction.REGRESSION else "newer"
+        why = (f"P = {not_good:.3f} that it is not a good end, more than a false alarm explains"
+               if not_good else f"P = {beyond:.3f} that the flip lies beyond it")
         return (
-            f"the good end {sha} shows the bug ({d} of {t} lifetimes divergent; "
-            f"P = {beyond:.3f} that the flip lies beyond it): give an {older} --good, or check "
-            "that the probe can pass at all (a missing file or a broken command fails everywhere)"
+            f"the good end {sha} shows the bug ({d} of {t} lifetimes divergent; {why}): give an "
+            f"{older} --good, or check that the probe can pass at all (a missing file or a "
+            "broken command fails everywhere)"
         )
     return (
         f"the bad end {sha} does not show the bug ({d} of {t} lifetimes divergent; P = "
