@@ -64,10 +64,11 @@ def test_extension_without_torch_exits_3(tmp_path: Path, capsys) -> None:
     [
         (["probe"], "exactly one of --server"),
         (["probe", "--commit", "no-such-ref-xyz"], "unknown ref"),
-        (["probe", "--server", "localhost:8000"], "must be a URL"),
+        (["probe", "--server", "localhost:8000"], "must be an http(s) URL with a host"),
         (["probe", "--extension", "/nonexistent.so"], "no such file"),
         (["probe", "--extension", "/dev/null", "--env", "NOEQUALS"], "KEY=VALUE"),
-        (["probe", "--server", "http://127.0.0.1:1", "--repeats", "1"], "probe.repeats"),
+        (["probe", "--server", "http://127.0.0.1:1", "--repeats", "1"],
+         "'--repeats': 1 is not in the range x>=2"),
         (["probe", "--server", "http://127.0.0.1:1", "--recipe", "nope"], "unknown recipe"),
     ],
 )

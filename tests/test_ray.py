@@ -636,6 +636,9 @@ def test_the_controls_on_a_ray_node_honour_the_recipes_attempts(
         def _swap(self, commit: str, tags: object = ()) -> SwapSet:
             return SwapSet(commit, {})
 
+        def gate(self, swap: SwapSet) -> None:
+            return None
+
         @contextmanager
         def boot(self, swap: SwapSet, lid: str, env: object) -> Any:
             boots.append(lid)

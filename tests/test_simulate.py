@@ -75,16 +75,19 @@ def test_table_output_names_the_ratios() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--p", "0"], "0 < p <= 1"),
-        (["--p", "0.5", "--q", "0.6"], "0 <= q < p"),
-        (["--trials", "0"], "--trials"),
-        (["--confidence", "1"], "--confidence"),
+        (["--p", "0"], "'--p': 0.0 is not in the range 0<x<=1"),
+        (["--p", "0.5", "--q", "0.6"], "--q 0.6 must be below --p 0.5"),
+        (["--trials", "0"], "'--trials': 0 is not in the range x>=1"),
+        (["--confidence", "1"], "'--confidence': 1.0 is not in the range"),
     ],
 )
 def test_bad_input_is_a_one_line_usage_error(args: list[str], message: str) -> None:
-    out = CliRunner().invoke(simulate_command, ["-n", "8", "--trials", "1", *args])
-    assert isinstance(out.exception, UsageError)
-    assert message in str(out.exception)
+    from gitrepos import run_cli
+
+    code, _, err = run_cli("simulate", "-n", "8", "--trials", "1", *args)
+    assert code == UsageError.exit_code
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bisect: ") and message in lines[0], err
 
 
 def test_accuracy_comes_with_its_error_count_and_interval() -> None:
