@@ -186,6 +186,12 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
     help="With --releases: the simple index to list and fetch releases from (default: pip's).",
 )
 @click.option(
+    "--prefetch", type=click.IntRange(min=0), default=None,
+    help="Fetch or build at most K candidates ahead of the one the search needs next (a run "
+    "then builds at most K more than it runs; default: chosen from the run's costs, 0 for "
+    "source builds on the machine the probe keeps busy). The recipe's [artifacts] prefetch.",
+)
+@click.option(
     "--locate", "locate_first", is_flag=True,
     help="First run `bisect locate` on the two ends; bisect only if the compiled side "
     "carries the change.",
@@ -217,6 +223,7 @@ def start(
     pre: bool,
     include_yanked: bool,
     index_url: str | None,
+    prefetch: int | None,
     locate_first: bool,
     quiet: bool,
     verbose: bool,
@@ -240,7 +247,10 @@ def start(
             index_url=index_url or "", pre=pre, yanked=include_yanked, then_commits=explicit_repo
         )
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
+    if prefetch is not None and recipe_obj is None:
+        raise UsageError("--prefetch goes with --recipe (a --run or manual bisect fetches nothing)")
     if recipe_obj is not None:
+        recipe_obj = recipe_obj.override("artifacts", prefetch=prefetch)
         recipe_obj = recipe_obj.override(
             "search",
             confidence=confidence,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import session
+from bisect_tool import lookahead, session
 from bisect_tool.errors import AbortError, StateError, UsageError
 from bisect_tool.evaluate import ControlsRunner, OpEvaluator, RunCommandEvaluator, ServerEvaluator
 from bisect_tool.events import (
@@ -615,9 +615,12 @@ class Loop:
                 self._chosen(tier, candidate, choice.reason, len(ids))
             for _, _, lid in work:
                 state.seen_lifetimes.discard(lid)
-            hints = strategy.next_midpoints(batch[0].position)
-            if hints:
-                evaluator.prepare(sorted({state.candidates[p].sha for p in hints}))
+            # at most K candidates fetched while this batch runs (bisect_tool.lookahead)
+            ahead = lookahead.lookahead(
+                self.state.header.get("recipe") or {}, tier, strategy,
+                [choice.position for choice in batch], step.within,
+            )
+            evaluator.prepare([state.candidates[p].sha for p in ahead])
             if len(work) == 1:
                 position, candidate, lid = work[0]
                 self._record(tier, self._evaluate(tier, evaluator, candidate, lid), position)
@@ -697,6 +700,11 @@ class Loop:
         )
 
     def _end(self, state_name: EndState, message: str) -> dict[str, Any]:
+        # decided: no fetch or build may start from here on (the ones under way stop when the
+        # evaluators close)
+        for evaluator in {id(e): e for e in (self.evaluators.faithful, self.evaluators.narrow)
+                          if e is not None}.values():
+            evaluator.prepare(())
         summary = session.finish(self.journal, self.state, state_name, message)
         self.observer(
             RunEnded(
