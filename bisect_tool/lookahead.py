@@ -23,9 +23,12 @@ Pure: it reads the strategy and plain values, and does no I/O.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
 from bisect_tool.tiers import Tier
@@ -73,9 +76,12 @@ def depth(setting: int, facts: BuildFacts, costs: Costs) -> int:
 def _divergent_chance(strategy: BayesianStrategy, position: int) -> float:
     """P(the next run at ``position`` shows the bug), from the posterior's medians."""
     bad_side = float(strategy.bad_side_probability()[position])
-    p, _ = strategy.rate_summary("p")
-    q, _ = strategy.rate_summary("q")
-    return bad_side * p + (1 - bad_side) * q
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p, _ = strategy.rate_summary("p")
+        q, _ = strategy.rate_summary("q")
+    chance = bad_side * p + (1 - bad_side) * q
+    # a rate posterior with no mass left to spread (every lifetime on one side) says nothing
+    return chance if math.isfinite(chance) else bad_side
 
 
 def picks_after(
