@@ -25,7 +25,7 @@ from typing import Any
 
 from bisect_tool import journal as journal_mod
 from bisect_tool import lookahead, session
-from bisect_tool.errors import AbortError, StateError, UsageError
+from bisect_tool.errors import AbortError, BisectError, Interrupted, StateError, UsageError
 from bisect_tool.evaluate import ControlsRunner, OpEvaluator, RunCommandEvaluator, ServerEvaluator
 from bisect_tool.events import (
     CandidateChosen,
@@ -248,8 +248,37 @@ def start(
 ) -> Outcome:
     """Resolve the range, write the journal's header, and run to the end (or, in manual mode,
     to the first candidate to judge)."""
+    if request.recipe is not None and evaluator_factory is open_evaluator:
+        # before the journal: what cannot work here is one line naming the fix, and no session
+        # is left to refuse the next start (injected evaluators bring their own environment)
+        from bisect_tool import preflight
+
+        preflight.require(request.recipe)
     path, commit_range = _create(request)
-    return resume(path, observer, evaluator_factory, _range=commit_range)
+    try:
+        return resume(path, observer, evaluator_factory, _range=commit_range)
+    except Interrupted:
+        raise  # stopped on request: `bisect resume` goes on from the journal
+    except BisectError:
+        _forget_if_unobserved(path, observer)
+        raise
+
+
+def _forget_if_unobserved(path: Path, observer: Observer) -> None:
+    """A start that failed before its first observation leaves no journal behind: nothing in
+    it is worth resuming, and it would refuse the next start until `bisect reset`."""
+    try:
+        contents = journal_mod.read(path)
+    except StateError:
+        return
+    if contents.header.get("mode") == "manual" or any(
+        e.get("type") in ("observation", "controls", "untestable", "end")
+        for e in contents.entries
+    ):
+        return
+    path.unlink(missing_ok=True)
+    observer(Note("nothing was observed: no session is left behind; fix the cause and run "
+                  "`bisect start` again"))
 
 
 def _create(request: StartRequest) -> tuple[Path, CommitRange]:

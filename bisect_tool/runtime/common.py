@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from bisect_tool.errors import AbortError, BootFailed
+from bisect_tool.errors import BootFailed, Interrupted
 from bisect_tool.interfaces import ServerHandle
 
 LOOPBACK = "127.0.0.1"
@@ -143,7 +143,7 @@ def wait_healthy(
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM into ``AbortError`` while inside (main thread only; elsewhere a no-op).
+    """Turn SIGTERM into ``Interrupted`` while inside (main thread only; elsewhere a no-op).
 
     Python's default for SIGTERM kills the interpreter without unwinding ``with`` blocks, which
     would leave servers and containers behind; an exception unwinds them like Ctrl-C does. The
@@ -159,7 +159,7 @@ def sigterm_raises() -> Iterator[None]:
         if fired:
             return
         fired = True
-        raise AbortError("terminated (SIGTERM); lifetimes torn down")
+        raise Interrupted("terminated (SIGTERM); lifetimes torn down")
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
