@@ -238,8 +238,9 @@ def environment(recipe: Recipe | None) -> list[Check]:
         checks.extend(_docker(runtime.image))
     if need.ray:
         if importlib.util.find_spec("ray") is None:
-            checks.append(Check("ray", False, "ray is not installed here",
-                                "pip install '.[ray]'", True))
+            from bisect_tool.runtime.ray_backend import INSTALL_HINT
+
+            checks.append(Check("ray", False, "ray is not installed here", INSTALL_HINT, True))
         else:
             checks.append(Check("ray", True, runtime.ray_address or "a local cluster",
                                 required=True))
