@@ -9,6 +9,7 @@ counting its real source builds.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import threading
@@ -199,6 +200,30 @@ def test_lookahead_builds_never_exceed_runs_plus_k(
     assert (counts.demands, counts.builds) == (3, 4)
     assert counts.builds <= counts.demands + 1
     assert fifo.commits() == [shas["a"], shas["hang"], shas["b"], shas["c"]]
+
+
+def test_a_lookahead_asked_again_after_it_failed_answers_anew(
+    tmp_path: Path, project: tuple[Path, dict[str, str]], fifo: Announcements
+) -> None:
+    """A lookahead build that failed is kept as the demand's answer, until the search asks
+    for the commit again: then the new attempt's answer counts."""
+    repo, shas = project
+    ready = tmp_path / "ready"
+    base = settings(tmp_path, fifo, 2)
+    command = f"test -e {ready} || exit 4; {base.build_command}"
+    flaky = dataclasses.replace(base, build_command=command)
+    with make_provider(flaky, repo, log_dir=tmp_path / "logs") as p:
+        ready.touch()
+        p.get(shas["a"])
+        ready.unlink()
+        p.prefetch([shas["c"]], {})
+        p.get(shas["a"])
+        p.settle()  # the lookahead of "c" failed (exit 4)
+        ready.touch()
+        p.prefetch([shas["c"]], {})
+        p.get(shas["b"])
+        p.settle()  # and built this time
+        assert p.get(shas["c"]).files[SO].is_file()
 
 
 # -- K and the lookahead, in plain values ------------------------------------------------------

@@ -177,6 +177,7 @@ class CachingProvider:
                     self._cancel(job)
             for commit in wanted:
                 if commit not in self._jobs:
+                    self._failed.pop(commit, None)  # asked again: the new answer counts
                     job = _Job(commit, tuple(tags.get(commit, ())), Ticket(self._lookahead_build))
                     self._jobs[commit] = job
             self._armed = False
