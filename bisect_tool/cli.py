@@ -32,7 +32,7 @@ from bisect_tool.errors import (
 from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.probes.cli import probe_command, register_commit_prober
-from bisect_tool.run import Outcome
+from bisect_tool.run import Outcome, StartRequest
 from bisect_tool.runtime.cli import model_group
 from bisect_tool.simulate_cli import simulate_command
 from bisect_tool.values import Verdict, short
@@ -147,6 +147,8 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
                 kwargs["repo"], kwargs["state_dir"],  # type: ignore[arg-type]
                 releases=bool(kwargs.get("releases")),
             )
+            if kwargs.get("dry_run"):  # `bisect plan` writes nothing, not even the lock
+                return fn(*args, **kwargs)
             if not create and not path.is_dir():
                 return fn(*args, **kwargs)
             with statelock.hold(path, fn.__name__, notice=_progress):
@@ -214,6 +216,26 @@ def _state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callab
     help="With --releases: the simple index to list and fetch releases from (default: pip's).",
 )
 @click.option(
+    "--prefetch", type=click.IntRange(min=0), default=None,
+    help="Fetch or build at most K candidates ahead of the one the search needs next (a run "
+    "then builds at most K more than it runs; default: chosen from the run's costs, 0 for "
+    "source builds on the machine the probe keeps busy). The recipe's [artifacts] prefetch.",
+)
+@click.option(
+    "--dry-run", is_flag=True,
+    help="Plan only (the same as `bisect plan`): the candidates, where each artifact comes "
+    "from, the gate, the expected cost and the environment checks; writes nothing.",
+)
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
+@click.option(
+    "--p", "assumed_p", type=click.FloatRange(0, 1, min_open=True), default=None,
+    help="With --dry-run: the p to simulate the search at (default: the prior's mean).",
+)
+@click.option(
+    "--trials", type=click.IntRange(min=1), default=None,
+    help="With --dry-run: simulated runs behind the expected cost (default 16).",
+)
+@click.option(
     "--locate", "locate_first", is_flag=True,
     help="First run `bisect locate` on the two ends; bisect only if the compiled side "
     "carries the change.",
@@ -245,6 +267,11 @@ def start(
     pre: bool,
     include_yanked: bool,
     index_url: str | None,
+    prefetch: int | None,
+    dry_run: bool,
+    as_json: bool,
+    assumed_p: float | None,
+    trials: int | None,
     locate_first: bool,
     quiet: bool,
     verbose: bool,
@@ -268,7 +295,10 @@ def start(
             index_url=index_url or "", pre=pre, yanked=include_yanked, then_commits=explicit_repo
         )
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
+    if prefetch is not None and recipe_obj is None:
+        raise UsageError("--prefetch goes with --recipe (a --run or manual bisect fetches nothing)")
     if recipe_obj is not None:
+        recipe_obj = recipe_obj.override("artifacts", prefetch=prefetch)
         recipe_obj = recipe_obj.override(
             "search",
             confidence=confidence,
@@ -303,6 +333,14 @@ def start(
         command=("bisect", *sys.argv[1:]),
         releases=release_request,
     )
+    if dry_run:
+        if locate_first:
+            raise UsageError("--dry-run plans the bisect alone; drop --locate (or run `bisect "
+                             "locate` itself)")
+        _plan(request, as_json, assumed_p, trials)
+        return
+    if as_json or assumed_p is not None or trials is not None:
+        raise UsageError("--json, --p and --trials go with --dry-run (or `bisect plan`)")
     with _watching(quiet, verbose) as observer:
         if locate_first:
             if recipe_obj is None:
@@ -310,6 +348,21 @@ def start(
             _locate_first(recipe_obj, good, bad, repo, request, release_request, observer)
         outcome = run.start(request, observer)
     _print_outcome(outcome)
+
+
+def _plan(request: StartRequest, as_json: bool, p: float | None, trials: int | None) -> None:
+    """``start --dry-run`` / ``bisect plan``: print the plan; exit 8 when the environment lacks
+    what the run needs (the plan says what and how to fix it)."""
+    from bisect_tool import plan as plan_mod
+    from bisect_tool.errors import InfrastructureError
+
+    made = plan_mod.make(request, p=p, trials=trials or plan_mod.TRIALS)
+    click.echo(json.dumps(made.to_dict(), indent=2) if as_json else plan_mod.render(made))
+    missing = [c for c in made.checks if c.required and not c.ok]
+    if missing:
+        raise InfrastructureError(
+            f"not ready: {missing[0].name}: {missing[0].detail}; fix: {missing[0].fix}"
+        )
 
 
 def _locate_first(
@@ -728,6 +781,26 @@ def report(
         click.echo(text)
 
 
+def _plan_command() -> click.Command:
+    """``bisect plan``: ``start``'s flags, always a dry run."""
+    params = [p for p in start.params if p.name != "dry_run"]
+
+    def callback(**kwargs: object) -> None:
+        assert start.callback is not None
+        start.callback(dry_run=True, **kwargs)
+
+    return click.Command(
+        "plan", callback=callback, params=params,
+        help="What `bisect start` with these flags would do, before it spends anything: the "
+        "candidates, where each one's artifact comes from (cache, wheel index, release wheel, "
+        "source build; nothing fetched or built), which ones the gate rejects, the expected op "
+        "runs, lifetimes, builds and wall time (the search simulated at an assumed p), and the "
+        "environment checks. Writes nothing. Exit 8 when the environment is not ready.",
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+
+cli.add_command(_plan_command())
 cli.add_command(artifacts_group)
 register_commit_prober(probe_commit)
 cli.add_command(probe_command)

@@ -108,6 +108,10 @@ class Engine:
     # -- steps ------------------------------------------------------------------------------
 
     def _end(self, finish: Finish) -> None:
+        # decided: no fetch or build may start from here on (the ones under way stop when the
+        # evaluators close)
+        for arm in {id(e): e for e in self.arms.values()}.values():
+            arm.prepare(())
         entry = self.append(self.design.end_entry(finish))
         summary = entry.get("summary") or {}
         self.observer(RunEnded(
@@ -134,8 +138,9 @@ class Engine:
             self.observer(event)
         if not work.items:
             raise InfrastructureError("a design handed out no work; this is a bug in bisect")
-        if work.prepare:
-            self._arm(work.items[0]).prepare(list(work.prepare))
+        # the lookahead (bisect_tool.lookahead): each step replaces the last list, so an empty
+        # one stops what an earlier guess would still have fetched
+        self._arm(work.items[0]).prepare(list(work.prepare))
         if len(work.items) == 1:
             item = work.items[0]
             self._record(item, self._evaluate(item))

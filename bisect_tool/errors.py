@@ -79,6 +79,11 @@ class AbortError(BisectError):
     meaning = "the run was stopped: SIGTERM or SIGHUP, a probe killed by a signal, --run-timeout"
 
 
+class Interrupted(AbortError):
+    """SIGTERM (Ctrl-C is click's Abort): stopped on request, not failed; the journal stays for
+    `bisect resume`, even when nothing was observed yet."""
+
+
 class UntestableError(BisectError):
     """The candidate cannot be evaluated: no artifact, build or boot failure, ABI mismatch.
 

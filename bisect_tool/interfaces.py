@@ -38,7 +38,9 @@ class ArtifactProvider(Protocol):
         ...
 
     def prefetch(self, commits: Sequence[str], tags: Mapping[str, Sequence[str]]) -> None:
-        """Start fetching these in the background (the next candidates the search may ask)."""
+        """The lookahead: fetch these in the background once the next ``get`` has its swap set
+        (the candidates the search may ask after it, likeliest first). Replaces the last call's
+        lookahead, cancelling what it drops; ``prefetch([])`` starts nothing more."""
         ...
 
 
@@ -106,7 +108,9 @@ class Evaluator(Protocol):
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation: ...
 
     def prepare(self, commits: Sequence[str]) -> None:
-        """Hint: these candidates may come next (prefetch their artifacts)."""
+        """Hint: these candidates may come after the next evaluation (fetch their artifacts
+        meanwhile); each call replaces the last, and ``prepare(())`` (the run is decided)
+        starts no more fetches."""
         ...
 
     def cancel(self) -> int:

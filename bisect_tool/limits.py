@@ -69,6 +69,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "build_timeout_s": POSITIVE,
         "max_jobs": AT_LEAST_1,
         "cache_max_bytes": AT_LEAST_0,
+        "prefetch": Bound(-1),  # -1: the run chooses
     },
     "runtime": {"boot_timeout_s": POSITIVE, "lifetimes_per_gpu": AT_LEAST_1},
     "probe": {

@@ -55,6 +55,10 @@ class ArtifactSettings:
     max_jobs: int = 2
     cache_dir: str = ""  # default: $BISECT_CACHE_DIR, else the user cache dir (platformdirs)
     cache_max_bytes: int = 20 * 1024**3
+    # Candidates fetched or built ahead of the one the next decision needs (--prefetch K); a
+    # run then builds at most K more than it runs. -1: the run chooses from its measured costs
+    # (0 for source builds on the machine the probe keeps busy; bisect_tool/lookahead.py).
+    prefetch: int = -1
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from bisect_tool import entries, session
 from bisect_tool import journal as journal_mod
 from bisect_tool.designs.bisect import BisectDesign, next_manual_candidate
 from bisect_tool.engine import Engine, journaled
-from bisect_tool.errors import StateError, UsageError
+from bisect_tool.errors import BisectError, Interrupted, StateError, UsageError
 from bisect_tool.events import (
     ControlsEnded,
     LifetimeEnded,
@@ -111,8 +111,37 @@ def start(
 ) -> Outcome:
     """Resolve the range, write the journal's header, and run to the end (or, in manual mode,
     to the first candidate to judge)."""
+    if request.recipe is not None and evaluator_factory is open_evaluators:
+        # before the journal: what cannot work here is one line naming the fix, and no session
+        # is left to refuse the next start (injected evaluators bring their own environment)
+        from bisect_tool import preflight
+
+        preflight.require(request.recipe)
     path, commit_range = _create(request)
-    return resume(path, observer, evaluator_factory, _range=commit_range)
+    try:
+        return resume(path, observer, evaluator_factory, _range=commit_range)
+    except Interrupted:
+        raise  # stopped on request: `bisect resume` goes on from the journal
+    except BisectError:
+        _forget_if_unobserved(path, observer)
+        raise
+
+
+def _forget_if_unobserved(path: Path, observer: Observer) -> None:
+    """A start that failed before its first observation leaves no journal behind: nothing in
+    it is worth resuming, and it would refuse the next start until `bisect reset`."""
+    try:
+        contents = journal_mod.read(path)
+    except StateError:
+        return
+    if contents.header.get("mode") == "manual" or any(
+        e.get("type") in ("observation", "controls", "untestable", "end")
+        for e in contents.entries
+    ):
+        return
+    path.unlink(missing_ok=True)
+    observer(Note("nothing was observed: no session is left behind; fix the cause and run "
+                  "`bisect start` again"))
 
 
 def _create(request: StartRequest) -> tuple[Path, CommitRange]:

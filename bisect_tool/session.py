@@ -123,6 +123,8 @@ class State:
     )
     _fetched: set[int] = dataclasses.field(default_factory=set)
     boot_failures: dict[tuple[Tier, int], int] = dataclasses.field(default_factory=dict)
+    #: why each candidate that could not run could not (the first line of its first failure)
+    untestable_why: dict[int, str] = dataclasses.field(default_factory=dict)
     #: controls entries of candidates that could not run them (the controls moved on)
     controls_refused: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
@@ -182,6 +184,11 @@ class State:
         detail: dict[str, Any] = raw if isinstance(raw, dict) else {}
         self._time(tier, pos, entry, detail)
         seen = evidence(verdict)
+        if seen is Evidence.CANNOT_RUN:
+            # why, in one line, for an end that turns out untestable (the build's failure, the
+            # gate's verdict): the first line of its message
+            first = str(entry.get("message") or "").strip().splitlines()
+            self.untestable_why.setdefault(pos, first[0][:300] if first else "")
         if seen is Evidence.CANNOT_RUN and detail.get("stage") == "boot":
             # A server that died before /health may be the candidate's fault or the machine's
             # (seen on the H200: two vLLM servers profiling one GPU at once left one with

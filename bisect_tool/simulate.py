@@ -15,8 +15,8 @@ histories (the same flip and the same random stream per trial).
 - *fixed_repeats*: ``k`` lifetimes per candidate, bad if any diverges (syzkaller's and Chromium's
   "--times N" rule), after the same end checks.
 - *tiered* (``--tiered``): the tiered search of ``bisect_tool.tiers`` driven by the run's own
-  decision code (``session.next_step``): a deterministic fast probe (p = 1, q = 0) whose runs
-  cost ``narrow_cost`` lifetimes each narrows, faithful lifetimes confirm. With
+  decision code (the bisect design, ``designs.bisect``): a deterministic fast probe (p = 1,
+  q = 0) whose runs cost ``narrow_cost`` lifetimes each narrows, faithful lifetimes confirm. With
   ``stand_in_wrong`` the fast probe flips at another position than the bug (it is no stand-in):
   right then still means the faithful flip.
 

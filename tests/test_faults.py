@@ -77,7 +77,8 @@ def test_relative_script_path_aborts_naming_the_path_the_worktree_sees(
     line = one_line(err)
     assert "exited 127 (not found)" in line and "`../probe.sh`" in line
     assert "bisect-wt-" in line and "which does not exist" in line and "absolute path" in line
-    assert journal_mod.read(tmp_path / "st" / "journal.jsonl").of_type("observation") == []
+    # nothing was observed: no journal is left to refuse the next start (issue 31)
+    assert not (tmp_path / "st" / "journal.jsonl").exists()
     assert len(repo.worktrees()) == 1
 
 

@@ -5,7 +5,8 @@ Public API (everything else in this package is internal)::
     make_provider(settings: ArtifactSettings, repo_path: Path, *, http_client=None,
                   docker_client=None, log_dir=None, progress=None, retry=None) -> CachingProvider
         CachingProvider.get(commit, tags=()) -> SwapSet        # ArtifactUnavailable/BuildFailed
-        CachingProvider.prefetch(commits, tags)                 # background; errors kept per commit
+        CachingProvider.prefetch(commits, tags)                 # the lookahead: bounded, replaced
+                                                                # by the next call
         CachingProvider.close() / context manager; .bytes_downloaded
     ArtifactCache(root)                                         # .lookup .import_paths .entries .gc
     default_cache_dir(setting="") -> Path
@@ -61,7 +62,7 @@ def make_provider(
 
     from bisect_tool.artifacts.build import SourceBuild
     from bisect_tool.artifacts.download import Downloader
-    from bisect_tool.artifacts.provider import CachingProvider
+    from bisect_tool.artifacts.provider import DEFAULT_LOOKAHEAD, CachingProvider
     from bisect_tool.artifacts.sources import (
         LocalSource,
         ReleaseSource,
@@ -127,6 +128,7 @@ def make_provider(
             progress=progress,
             on_close=client.close if owned else None,
             package=settings.package,
+            lookahead=settings.prefetch if settings.prefetch >= 0 else DEFAULT_LOOKAHEAD,
         )
     except BaseException:
         if owned:

@@ -1,6 +1,11 @@
 """Source builds of a candidate's swap set, in a detached ``git worktree`` (never the user's
 checkout; always removed), on the host or in a container of the Dockerfile.base builder stage.
 
+A build the run no longer needs (a lookahead the search moved away from, or the run ending) is
+stopped through its ``Ticket``: the process group (or container) is killed, the worktree and the
+scratch folder are removed, and nothing reaches the cache, which only ever receives a build's
+output after the build exited 0 (``CachingProvider._from``).
+
 Docker: the builder stage is built once (``docker build --target builder`` with ARCH_LIST and
 MAX_JOBS; Docker's layer cache makes later calls instant) and each candidate is built by a
 container of that image with the worktree bind-mounted at /src and the cache's ccache folder at
@@ -31,6 +36,67 @@ from bisect_tool.worktrees import WorktreeError, worktree
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile.base"
 LOG_TAIL_LINES = 25
+
+
+class Cancelled(Exception):
+    """The fetch was stopped: the run no longer wants it. Never a verdict on the candidate, so
+    not an ``UntestableError``; only the provider sees it (a demand then fetches anew)."""
+
+
+class Deferred(Cancelled):
+    """A lookahead build the build budget does not allow now (builds <= runs + K)."""
+
+
+class Ticket:
+    """One fetch's permission to build and its stop switch.
+
+    ``start_build`` is asked before a source build begins: it raises ``Cancelled`` once the fetch
+    was cancelled, ``Deferred`` when ``permit`` (the provider's build budget) says no. ``cancel``
+    runs the kill callbacks the running build registered (``killed_on_cancel``), from the
+    cancelling thread: no watcher thread, no polling."""
+
+    def __init__(self, permit: Callable[[], bool] | None = None) -> None:
+        self._permit = permit
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._kills: list[Callable[[], None]] = []
+
+    @property
+    def cancelled(self) -> bool:
+        with self._lock:
+            return self._cancelled
+
+    def start_build(self) -> None:
+        if self.cancelled:
+            raise Cancelled("cancelled before it started")
+        if self._permit is not None and not self._permit():
+            raise Deferred("the build budget allows no lookahead build now")
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            kills = list(self._kills)
+        for kill in kills:
+            with contextlib.suppress(Exception):  # the build may have ended meanwhile
+                kill()
+
+    @contextmanager
+    def killed_on_cancel(self, kill: Callable[[], None]) -> Iterator[None]:
+        """While the block runs, ``cancel`` calls ``kill`` (at once if already cancelled)."""
+        with self._lock:
+            already = self._cancelled
+            if not already:
+                self._kills.append(kill)
+        if already:
+            kill()
+        try:
+            yield
+        finally:
+            with self._lock:
+                if kill in self._kills:
+                    self._kills.remove(kill)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -102,7 +168,11 @@ class SourceBuild:
         self._docker = docker_client
         self.progress = progress or (lambda _msg: None)
 
-    def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
+    def fetch(
+        self, commit: str, tags: Sequence[str], work: Path, ticket: Ticket | None = None
+    ) -> Fetched:
+        """Build ``commit``'s swap set. ``ticket`` (the provider's): asked before the build
+        starts; cancelling it kills the build (``Cancelled``), leaving nothing behind."""
         if not self.settings.build_command:
             raise ArtifactUnavailable("no build_command in the recipe's [artifacts]")
         if not (self.repo / ".git").exists():
@@ -110,16 +180,22 @@ class SourceBuild:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"build-{commit[:12]}.log"
         executor = self.settings.build_executor
+        if executor not in ("host", "docker"):
+            raise ArtifactUnavailable(
+                f"unknown build_executor '{executor}'; use 'docker' or 'host'"
+            )
+        ticket = ticket or Ticket()
+        ticket.start_build()
         with _checkout(self.repo, commit, self.scratch) as src:
             self.progress(f"building {commit[:12]} ({executor}); log: {log}")
             if executor == "host":
-                code = self._host(src, log)
-            elif executor == "docker":
-                code = self._container(src, log)
+                code = self._host(src, log, ticket)
             else:
-                raise ArtifactUnavailable(
-                    f"unknown build_executor '{executor}'; use 'docker' or 'host'"
-                )
+                code = self._container(src, log, ticket)
+            if code != 0 and ticket.cancelled:
+                with contextlib.suppress(OSError), log.open("a") as note:
+                    note.write("\n[bisect] build cancelled: the run no longer needs it\n")
+                raise Cancelled(f"build of {commit[:12]} cancelled")
             if code is None:
                 raise BuildFailed(
                     f"build of {commit[:12]} still running after "
@@ -151,7 +227,7 @@ class SourceBuild:
             "MAX_JOBS": str(self.settings.max_jobs),
         }
 
-    def _host(self, src: Path, log: Path) -> int | None:
+    def _host(self, src: Path, log: Path, ticket: Ticket) -> int | None:
         """The build's exit status, or None when it ran past the timeout (then killed)."""
         env = {**os.environ, **self._env(), "CCACHE_DIR": str(self.ccache_dir)}
         if self.session:
@@ -172,8 +248,13 @@ class SourceBuild:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+            def kill() -> None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+
             try:
-                return process.wait(timeout=self.settings.build_timeout_s)
+                with ticket.killed_on_cancel(kill):
+                    return process.wait(timeout=self.settings.build_timeout_s)
             except subprocess.TimeoutExpired:
                 return None
             finally:
@@ -230,7 +311,7 @@ class SourceBuild:
                 ) from None
         return tag
 
-    def _container(self, src: Path, log: Path) -> int | None:
+    def _container(self, src: Path, log: Path, ticket: Ticket) -> int | None:
         """The build's exit status, or None when it ran past the timeout (then killed)."""
         client = self._client()
         image = self.builder_image()
@@ -265,7 +346,8 @@ class SourceBuild:
                 )
                 copier.start()
                 try:
-                    status = container.wait(timeout=self.settings.build_timeout_s)
+                    with ticket.killed_on_cancel(container.kill):
+                        status = container.wait(timeout=self.settings.build_timeout_s)
                 except Exception:  # the SDK raises requests' ReadTimeout/ConnectionError here
                     container.kill()
                     copier.join(timeout=10)

@@ -172,8 +172,11 @@ class ArtifactCache:
             # A manifest we cannot read is a miss, not a crash: the commit is fetched again.
             return None
 
-    def lookup(self, commit: str, swap_set: Sequence[str]) -> SwapSet | None:
-        """The cached swap set of ``commit`` if every member is there; touches it (LRU)."""
+    def lookup(
+        self, commit: str, swap_set: Sequence[str], *, touch: bool = True
+    ) -> SwapSet | None:
+        """The cached swap set of ``commit`` if every member is there; touches it (LRU) unless
+        ``touch`` is false (`bisect plan` only looks)."""
         found = self.manifest(commit)
         if found is None or not swap_set or any(p not in found.files for p in swap_set):
             return None
@@ -189,8 +192,9 @@ class ArtifactCache:
             files[rel] = blob
         # Explicit time: the kernel stamps files with a coarse clock (ms ticks), too coarse to
         # order hits that follow each other closely.
-        now = time.time()
-        os.utime(self._manifest_path(commit), (now, now))
+        if touch:
+            now = time.time()
+            os.utime(self._manifest_path(commit), (now, now))
         return SwapSet(
             commit=commit,
             files=files,

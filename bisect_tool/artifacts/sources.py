@@ -397,13 +397,26 @@ class ReleaseSource:
         return list(list_files(self.downloader, places, self.package).files)
 
     def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
+        url, sha = self.locate(tags)
+        path = local_path(url)
+        if path is not None:  # a file:// index or a find-links folder: no download
+            return Fetched("wheel", path, url, wheel_sha256=_checked(path, url, sha))
+        dest = _download_name(commit, url, self.downloads)
+        self.downloader.download(url, dest, sha256=sha)
+        return Fetched("wheel", dest, url, wheel_sha256=sha, temporary=True)
+
+    def locate(
+        self, tags: Sequence[str], files: Sequence[IndexFile] | None = None
+    ) -> tuple[str, str]:
+        """(URL, sha256) of the release wheel a commit's tags name, from the index's listing
+        (``files``: one already fetched, as `bisect plan` passes for every candidate)."""
         # Newest release first: a commit tagged both v0.26.0rc3 and v0.26.0 is the final one.
         versions = sorted({v for t in tags if (v := release_version(t))}, reverse=True)
         if not versions:
             raise ArtifactUnavailable("the commit carries no release tag")
         wanted = canonicalize_name(self.package)
         wheels = []
-        for file in self._files():
+        for file in self._files() if files is None else files:
             rank = _wheel_rank(file.filename)
             if rank is None:
                 continue
@@ -414,13 +427,8 @@ class ReleaseSource:
             # Version equality is PEP 440's: the tag v0.26 matches a wheel of 0.26.0.
             ranked = sorted((w[1:] for w in wheels if w[0] == version), key=lambda w: w[0])
             if ranked:
-                _, filename, url, sha = ranked[0]
-                path = local_path(url)
-                if path is not None:  # a file:// index or a find-links folder: no download
-                    return Fetched("wheel", path, url, wheel_sha256=_checked(path, url, sha))
-                dest = _download_name(commit, url, self.downloads)
-                self.downloader.download(url, dest, sha256=sha)
-                return Fetched("wheel", dest, url, wheel_sha256=sha, temporary=True)
+                _, _, url, sha = ranked[0]
+                return url, sha
         raise ArtifactUnavailable(
             f"{indexes_for(self.index).describe()} has no wheel for CPython {_target()} on "
             f"manylinux {TARGET_ARCH} of "

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bisect_tool import entries
+from bisect_tool import entries, lookahead
 from bisect_tool.designs import Controls, Finish, Item, Record, Step, Work
 from bisect_tool.ends import good_end_not_good
 from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
@@ -132,8 +132,12 @@ class BisectDesign:
                       for lid in ids]
             events.append(self._chosen(tier, candidate, choice.reason, len(ids)))
         state.seen_lifetimes.difference_update(reserved)
-        hints = strategy.next_midpoints(batch[0].position)
-        prepare = tuple(sorted({state.candidates[p].sha for p in hints}))
+        # at most K candidates fetched while this batch runs (bisect_tool.lookahead)
+        ahead = lookahead.lookahead(
+            state.header.get("recipe") or {}, tier, strategy,
+            [choice.position for choice in batch], decision.within,
+        )
+        prepare = tuple(state.candidates[p].sha for p in ahead)
         return Work(tuple(items), prepare, tuple(events))
 
     def _suspect_good_end(self, decision: _Lifetimes) -> int | None:
@@ -315,9 +319,11 @@ def _stop_reason(
     for end, name in ((bad, "bad"), (good, "good")):
         if end is None:
             nominal = s.bad_end if name == "bad" else s.good_end
+            why = state.untestable_why.get(nominal, "")
             return EndState.END_UNTESTABLE, (
-                f"the {name} end {state.candidates[nominal].label} is untestable and so is "
-                f"every candidate next to it; pick another --{name}"
+                f"the {name} end {state.candidates[nominal].label} is untestable"
+                + (f" ({why})" if why else "")
+                + f" and so is every candidate next to it; pick another --{name}"
             )
     assert bad is not None and good is not None
     stand_in = "" if bad == s.bad_end else (

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from bisect_tool.errors import AbortError, BootFailed
+from bisect_tool.errors import BootFailed, Interrupted
 from bisect_tool.interfaces import ServerHandle
 
 LOOPBACK = "127.0.0.1"
@@ -140,8 +140,8 @@ ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into ``AbortError`` while inside (main thread only; elsewhere a
-    no-op).
+    """Turn SIGTERM and SIGHUP into ``Interrupted`` (an ``AbortError``) while inside (main
+    thread only; elsewhere a no-op).
 
     Python's default for either kills the interpreter without unwinding ``with`` blocks, which
     would leave servers, containers and probe groups behind and lose the lifetimes that finished;
@@ -159,7 +159,7 @@ def sigterm_raises() -> Iterator[None]:
             return
         fired = True
         name = signal.Signals(signum).name
-        raise AbortError(f"terminated ({name}); lifetimes torn down")
+        raise Interrupted(f"terminated ({name}); lifetimes torn down")
 
     # Under `nohup` SIGHUP is ignored on purpose: the run must outlive the terminal.
     previous = {
