@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from bisect_tool.designs import Controls, Design, Finish, Item, Record, Work
+from bisect_tool.designs import Design, Finish, Item, Record, Work
 from bisect_tool.errors import InfrastructureError
 from bisect_tool.events import (
     ControlsEnded,
@@ -36,7 +36,7 @@ from bisect_tool.events import (
 )
 from bisect_tool.interfaces import Evaluator
 from bisect_tool.journal import Journal
-from bisect_tool.values import Observation
+from bisect_tool.values import Observation, short
 
 
 class ControlsRunner(Protocol):
@@ -100,8 +100,6 @@ class Engine:
                 self.append(step.entry)
                 if step.note:
                     self.observer(Note(step.note))
-            elif isinstance(step, Controls):
-                self._controls(step)
             else:
                 self._work(step)
 
@@ -122,17 +120,6 @@ class Engine:
             int(summary.get("evaluations") or 0),
         ))
 
-    def _controls(self, step: Controls) -> None:
-        runner = self.controls_for(step.commit)
-        if runner is None:
-            raise InfrastructureError(
-                "the run asked for the controls, but its backend cannot run them; pass "
-                "--no-controls"
-            )
-        self.observer(Note(step.note))
-        entry = self.append(runner.run())
-        self.observer(ControlsEnded(bool(entry.get("ok")), entry))
-
     def _work(self, work: Work) -> None:
         for event in work.events:
             self.observer(event)
@@ -140,14 +127,14 @@ class Engine:
             raise InfrastructureError("a design handed out no work; this is a bug in bisect")
         # the lookahead (bisect_tool.lookahead): each step replaces the last list, so an empty
         # one stops what an earlier guess would still have fetched
-        self._arm(work.items[0]).prepare(list(work.prepare))
+        self._arm(work.items[-1]).prepare(list(work.prepare))
         if len(work.items) == 1:
             item = work.items[0]
             self._record(item, self._evaluate(item))
             return
         with ThreadPoolExecutor(max_workers=min(len(work.items), self.parallel)) as pool:
             futures = {pool.submit(self._evaluate, item): item for item in work.items}
-            recorded: set[Future[Observation]] = set()
+            recorded: set[Future[Observation | Mapping[str, Any]]] = set()
             try:
                 # journal each lifetime as it comes back, not in submission order
                 for fut in as_completed(futures):
@@ -175,7 +162,9 @@ class Engine:
         except KeyError:
             raise InfrastructureError(f"this run has no {arm} probe") from None
 
-    def _evaluate(self, item: Item) -> Observation:
+    def _evaluate(self, item: Item) -> Observation | Mapping[str, Any]:
+        if item.controls:
+            return self._run_controls(item)
         done = self._durations.get(item.arm, [])
         mean = sum(done) / len(done) if done else None
         self.observer(LifetimeStarted(item.commit, item.lifetime_id, mean))
@@ -186,10 +175,24 @@ class Engine:
         ))
         return obs
 
-    def _record(self, item: Item, obs: Observation) -> None:
-        self.append(self.design.observation_entry(item, obs))
-        if obs.duration_s:
-            self._durations.setdefault(item.arm, []).append(obs.duration_s)
+    def _run_controls(self, item: Item) -> Mapping[str, Any]:
+        runner = self.controls_for(item.commit)
+        if runner is None:
+            raise InfrastructureError(
+                "the run asked for the controls, but its backend cannot run them; pass "
+                "--no-controls"
+            )
+        self.observer(Note(f"running the controls on {short(item.commit)}"))
+        return runner.run()
+
+    def _record(self, item: Item, result: Observation | Mapping[str, Any]) -> None:
+        if not isinstance(result, Observation):
+            entry = self.append(result)
+            self.observer(ControlsEnded(bool(entry.get("ok")), entry))
+            return
+        self.append(self.design.observation_entry(item, result))
+        if result.duration_s:
+            self._durations.setdefault(item.arm, []).append(result.duration_s)
         event = self.design.progress(item)
         if event is not None:
             self.observer(event)

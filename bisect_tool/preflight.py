@@ -193,7 +193,7 @@ def environment(recipe: Recipe | None) -> list[Check]:
     runtime = recipe.runtime
     checks: list[Check] = []
     if need.interpreter:
-        python = runtime.python or "python3"
+        python = runtime.interpreter()
         package = recipe.artifacts.package
         found = _ask(python, ["torch", package], runtime.pinned_package_dir)
         if found is None:
@@ -238,7 +238,7 @@ def environment(recipe: Recipe | None) -> list[Check]:
         checks.extend(_docker(runtime.image))
     if need.ray:
         if importlib.util.find_spec("ray") is None:
-            from bisect_tool.runtime.ray_backend import INSTALL_HINT
+            from bisect_tool.evaluate.ray import INSTALL_HINT
 
             checks.append(Check("ray", False, "ray is not installed here", INSTALL_HINT, True))
         else:

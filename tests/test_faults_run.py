@@ -105,13 +105,15 @@ def test_run_with_a_background_child_per_lifetime_answers_and_leaves_nothing(
 
 
 def test_timeout_ends_the_whole_group(repo: Repo, tmp_path: Path) -> None:
-    mark = tmp_path / "mark"
-    code, _, err = start(repo, tmp_path / "st", "--run-timeout", "1",
-                         "--run", f"( (sleep 30; touch {mark}) & ); sleep 30")
+    mark, seen = tmp_path / "mark", tmp_path / "session"
+    command = f'echo "$BISECT_SESSION" > {seen}; ( (sleep 30; touch {mark}) & ); sleep 30'
+    code, _, err = start(repo, tmp_path / "st", "--run-timeout", "1", "--run", command)
     assert code == AbortError.exit_code
     assert "timed out after 1s" in err.strip().splitlines()[-1] and "Traceback" not in err
-    session = journal_mod.read(tmp_path / "st" / "journal.jsonl").header["session"]
-    assert running(env=f"BISECT_SESSION={session}") == [] and not mark.exists()
+    session = seen.read_text().strip()
+    assert session and running(env=f"BISECT_SESSION={session}") == [] and not mark.exists()
+    # it timed out before anything was observed: no session is left to refuse the next start
+    assert not (tmp_path / "st" / "journal.jsonl").exists()
 
 
 def test_op_probe_child_with_a_background_child(tmp_path: Path) -> None:

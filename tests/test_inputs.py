@@ -555,15 +555,15 @@ def test_the_report_names_the_interpreter_that_ran(
     code, report, err = run_cli("report", "--repo", str(repo.path), "--state-dir", str(state))
     assert code == 0, err
     assert f"({sys.executable})" in report
-    # --python names another: that one is recorded, also when it cannot answer
+    # --python names another that cannot answer: the preflight refuses before anything runs,
+    # naming that interpreter and the fix, and leaves no session behind
     code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.2.0", "--recipe",
                            str(recipe), "--no-controls", "--python", str(foreign_python3),
                            "--repo", str(repo.path), "--state-dir", str(tmp_path / "st2"))
-    entries = [json.loads(line)
-               for line in (tmp_path / "st2" / "journal.jsonl").read_text().splitlines()]
-    env = next(e for e in entries if e.get("type") == "environment")
-    assert env["interpreter"] == str(foreign_python3)
-    assert env["python"] == f"unknown ({foreign_python3} did not answer)"
+    assert code == errors.InfrastructureError.exit_code, err
+    assert f"{foreign_python3} does not run" in err and "--python" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "st2" / "journal.jsonl").exists()
 
 
 def test_completion_offers_bundled_names_unless_the_word_looks_like_a_path(

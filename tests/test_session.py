@@ -362,3 +362,55 @@ def test_lifetimes_that_end_after_a_sigterm_are_journaled(
     seen = read(path).observations
     assert len(seen) == 3 and {o["verdict"] for o in seen} == {"divergent"}
     assert len({o["lifetime_id"] for o in seen}) == 3
+
+
+def test_with_two_slots_the_first_lifetime_runs_beside_the_controls(tmp_path: Path) -> None:
+    """The controls hold the first lifetime's verdict back, not its boot: with two slots, one
+    lifetime runs while the controls do (they meet at a barrier), and the answer stands."""
+    import threading
+
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.values import Direction, Observation, Verdict
+
+    shas = [f"{i:040x}" for i in range(1, 21)]
+    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
+                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    together = threading.Barrier(2, timeout=30)
+    met: list[str] = []
+
+    class Scripted:
+        def prepare(self, commits: object) -> None:
+            return None
+
+        def cancel(self) -> int:
+            return 0
+
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            if not met:
+                together.wait()
+                met.append(lifetime_id)
+            bad = shas.index(commit) >= 12
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    class Controls:
+        def __init__(self, commit: str) -> None:
+            self.commit = commit
+
+        def run(self) -> dict[str, object]:
+            together.wait()
+            return {"type": "controls", "commit": self.commit, "ok": True, "problem": "",
+                    "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
+
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng, recipe={"probe": {"controls": True}},
+                                          mode="recipe"))
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(Scripted(), 2, Controls),
+                              controls=True)
+    assert met and summary["state"] == "done" and summary["flip_commit"] == shas[12]
+    kinds = [e["type"] for e in read(path).entries]
+    assert "controls" in kinds[:3]  # journaled with the first lifetimes, before the rest

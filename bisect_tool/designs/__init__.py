@@ -5,8 +5,9 @@ A *design* is the part of a run that thinks: the bisect search over a range
 whatever comes next. It is rebuilt from the journal entry by entry (``apply``) and, asked
 ``next_step()``, answers with one of:
 
-- ``Work``: lifetimes to run now (several at once when there are slots), each an ``Item``;
-- ``Controls``: the positive and negative controls on one candidate, before any evidence counts;
+- ``Work``: lifetimes to run now (several at once when there are slots), each an ``Item``; an
+  item may be the controls instead (the positive and negative controls on one candidate, which
+  must hold before a clean lifetime counts), run beside the first lifetimes where slots allow;
 - ``Record``: an entry to journal as is (the tiered search moving to its next phase);
 - ``Finish``: the end state and its one-line message.
 
@@ -31,13 +32,19 @@ from bisect_tool.verdict import EndState
 @dataclass(frozen=True)
 class Item:
     """One lifetime to run: which evaluator (``arm``), which candidate, its lifetime id, and the
-    design's own key for it (a position and tier, a cell), handed back with the observation."""
+    design's own key for it (a position and tier, a cell), handed back with the observation.
+    ``controls``: the controls on the candidate instead (their entry is journaled as is)."""
 
     arm: str
     commit: str
     lifetime_id: str
     tags: tuple[str, ...] = ()
     key: Any = None
+    controls: bool = False
+
+
+def controls_item(commit: str, arm: str) -> Item:
+    return Item(arm, commit, f"controls-{commit}", controls=True)
 
 
 @dataclass(frozen=True)
@@ -48,15 +55,6 @@ class Work:
     items: tuple[Item, ...]
     prepare: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
-
-
-@dataclass(frozen=True)
-class Controls:
-    """Run the controls on ``commit`` (with ``arm``'s evaluator) and journal their entry."""
-
-    commit: str
-    arm: str
-    note: str = "running the controls"
 
 
 @dataclass(frozen=True)
@@ -74,7 +72,7 @@ class Finish:
     extra: dict[str, Any] = field(default_factory=dict)  # more fields of the end entry
 
 
-Step = Work | Controls | Record | Finish
+Step = Work | Record | Finish
 
 
 class Design(Protocol):
@@ -101,7 +99,7 @@ class Design(Protocol):
 
 #: what ``drive`` calls for each item: (item) -> its observation
 Evaluate = Callable[[Item], Observation]
-#: what ``drive`` calls for a ``Controls`` step: (commit) -> the controls entry
+#: what ``drive`` calls for a controls item: (commit) -> the controls entry
 RunControls = Callable[[str], Mapping[str, Any]]
 
 
@@ -122,11 +120,11 @@ def drive(
         if isinstance(step, Record):
             design.apply(step.entry)
             continue
-        if isinstance(step, Controls):
-            if controls is None:
-                raise ValueError("the design asked for controls, but none can run here")
-            design.apply(controls(step.commit))
-            continue
         for item in step.items:
-            design.apply(design.observation_entry(item, evaluate(item)))
+            if item.controls:
+                if controls is None:
+                    raise ValueError("the design asked for controls, but none can run here")
+                design.apply(controls(item.commit))
+            else:
+                design.apply(design.observation_entry(item, evaluate(item)))
     raise RuntimeError(f"the design did not finish in {max_steps} steps")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bisect_tool import entries, lookahead
-from bisect_tool.designs import Controls, Finish, Item, Record, Step, Work
+from bisect_tool.designs import Finish, Item, Record, Step, Work, controls_item
 from bisect_tool.ends import good_end_not_good
 from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
 from bisect_tool.range import Candidate
@@ -81,8 +81,15 @@ class BisectDesign:
                 return Finish(EndState.END_UNTESTABLE, (
                     "no candidate at the good end can run the controls: "
                     + "; ".join(str(e.get("problem", "")) for e in state.controls_refused)))
-            where = state.candidates[good]
-            return Controls(where.sha, FAITHFUL, f"running the controls on {where.label}")
+            controls = controls_item(state.candidates[good].sha, FAITHFUL)
+            if self.slots == 1:
+                return Work((controls,))
+            # with slots to spare the first lifetimes boot beside the controls (they count once
+            # the controls held; a run whose controls fail ends there, with them journaled)
+            first = self._lifetimes(decision, self.slots - 1)
+            if not isinstance(first, Work):
+                return Work((controls,))
+            return Work((controls, *first.items), first.prepare, first.events)
         return self._lifetimes(decision)
 
     def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
@@ -104,16 +111,17 @@ class BisectDesign:
 
     # -- lifetimes --------------------------------------------------------------------------
 
-    def _lifetimes(self, decision: _Lifetimes) -> Step:
+    def _lifetimes(self, decision: _Lifetimes, slots: int | None = None) -> Step:
         state, tier = self.state, decision.tier
+        slots = self.slots if slots is None else slots
         strategy = state.strategy_for(tier)
         # the run's own costs, as measured so far (the recipe's until then)
         strategy.costs = state.measured_costs(tier)
         suspect = self._suspect_good_end(decision)
         try:
-            batch = ([Choice(suspect, self.slots, "the good end showed the bug: a false alarm, "
+            batch = ([Choice(suspect, slots, "the good end showed the bug: a false alarm, "
                              "or not a good end?")] if suspect is not None
-                     else strategy.select_batch(self.slots, decision.within))
+                     else strategy.select_batch(slots, decision.within))
         except NoCandidateLeft as exc:
             if tier is Tier.NARROW or decision.within is not None:
                 return _switch(Phase.FAITHFUL, f"the tiered search cannot go on ({exc}); going "
@@ -124,7 +132,7 @@ class BisectDesign:
         reserved: list[str] = []
         for choice in batch:
             candidate = state.candidates[choice.position]
-            count = choice.lifetimes if self.slots > 1 else 1
+            count = choice.lifetimes if slots > 1 else 1
             ids = state.next_lifetime_ids(candidate.sha, count, tier)
             state.seen_lifetimes.update(ids)  # reserved while the batch is made
             reserved += ids

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bisect_tool import entries
-from bisect_tool.designs import Controls, Finish, Item, Step, Work
+from bisect_tool.designs import Finish, Item, Step, Work, controls_item
 from bisect_tool.events import Event
 from bisect_tool.matrix import CELLS, Cell, CellCounts, Finding, Side, conclude, next_cell
 from bisect_tool.range import Candidate
@@ -64,8 +64,7 @@ class LocateDesign:
 
     def next_step(self) -> Step:
         if self.controls and self.controls_entry is None:
-            return Controls(self.ends[Side.GOOD].sha, str(Side.GOOD),
-                            "running the controls on the good end's own pair")
+            return Work((controls_item(self.ends[Side.GOOD].sha, str(Side.GOOD)),))
         problem = controls_problem(self.controls_entry)
         if problem:
             return Finish(EndState.CONTROLS_FAILED, problem)
