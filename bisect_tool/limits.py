@@ -4,7 +4,7 @@ A number out of range is accepted by the type check but wrong in a way that show
 (``confidence = 1.5`` runs until the budget is spent, ``0`` answers at 66.7 %, a negative budget
 stops at once without a word), so each is a one-line ``RecipeError`` at load time, naming the
 key, the range and the file. The CLI flags that override these use the same bounds (click
-ranges in ``cli.py``); overrides go through :func:`check_section` as well.
+ranges in ``bisect_tool/cli/``); overrides go through :func:`check_section` as well.
 
 Swap-set entries are paths inside site-packages: an absolute one or one with ``..`` would place a
 candidate's file outside the overlay (or a wheel member outside ``--out``), so they are refused.

@@ -1,6 +1,6 @@
 """``bisect artifacts ...``: fetch, ls, gc, extract, import.
 
-Imported by bisect_tool/cli.py at start-up, so only click and the standard library are imported
+Imported by bisect_tool/cli/ at start-up, so only click and the standard library are imported
 at module level; gitpython, docker, tenacity and httpx are imported by the commands that need
 them (``extract`` and ``import`` of a full SHA run on a GPU machine without them).
 """

@@ -205,7 +205,7 @@ _commit_prober: CommitProber | None = None
 
 def register_commit_prober(prober: CommitProber) -> None:
     """``--commit`` goes through the run owner, which the full tool registers here
-    (``bisect_tool.commit_probe``): this package never imports the stages above it, so
+    (``bisect_tool.cli.probe``): this package never imports the stages above it, so
     ``python -m bisect_tool.probes`` runs on a GPU machine with only click and httpx."""
     global _commit_prober
     _commit_prober = prober

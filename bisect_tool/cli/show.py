@@ -1,0 +1,145 @@
+"""``bisect status``, ``log``, ``replay`` and ``report``: what a session's journal says, read
+without running anything."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from bisect_tool import journal as journal_mod
+from bisect_tool.cli.common import (
+    journal_path,
+    print_outcome,
+    repo_option,
+    state_dir_of,
+    state_option,
+)
+from bisect_tool.errors import UsageError
+from bisect_tool.journal import JOURNAL_NAME
+from bisect_tool.run import Outcome
+from bisect_tool.values import short
+from bisect_tool.verdict import end_state
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+@repo_option
+@state_option
+def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
+    """Where the search stands."""
+    from bisect_tool import session
+
+    state = session.replay(journal_mod.read(journal_path(repo, state_dir)))
+    summary = state.summary()
+    summary.pop("posterior")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"state: {_liveness(summary['state'], repo, state_dir)} ({summary['direction']})")
+    flip = summary["flip_commit"] or ", ".join(short(str(s)) for s in summary["flip_block"])
+    click.echo(f"top candidate: {flip} at {summary['confidence']:.1%}")
+    click.echo(f"90% credible set: {len(summary['credible_set'])} commits")
+    click.echo(
+        f"lifetimes: {summary['evaluations']} over {summary['candidates_tested']} of "
+        f"{summary['candidates']} candidates; p ~ {summary['p_estimate']:.2f}"
+    )
+    tiers = summary.get("tiers")
+    if tiers:
+        click.echo(
+            f"tiers: {tiers['phase']}; the {tiers['kind']} probe ran {tiers['narrow_runs']} "
+            f"times and puts the flip at {short(str(tiers['narrow_flip']))} "
+            f"({tiers['narrow_confidence']:.1%})"
+        )
+
+
+def _liveness(state: str, repo: Path, state_dir: Path | None) -> str:
+    """"running" only while a process holds the state dir; a killed run says it stopped."""
+    from bisect_tool import statelock
+
+    if state != "running":
+        return state
+    path = state_dir_of(repo, state_dir)
+    contents = journal_mod.read(path / JOURNAL_NAME)
+    if contents.header.get("mode", "manual") == "manual":
+        return "running (manual: judge the next candidate with `bisect good|bad|skip`)"
+    holder = statelock.live_holder(path)
+    if holder is not None:
+        return f"running ({holder.describe()})"
+    return "stopped (no process is running it; `bisect resume` continues it)"
+
+
+@click.command()
+@repo_option
+@state_option
+def log(repo: Path, state_dir: Path | None) -> None:
+    """The journal, one line per event."""
+    contents = journal_mod.read(journal_path(repo, state_dir))
+    h = contents.header
+    click.echo(
+        f"# session {h['session']}: {h['direction']} {h['good_ref']} (good) {h['bad_ref']} (bad)"
+    )
+    for e in contents.entries:
+        kind = e.get("type")
+        if kind == "observation":
+            click.echo(
+                f"{e['lifetime_id']:<16} {short(e['commit'])} {e['verdict']:<12} "
+                + ("[fast probe] " if e.get("tier") == "narrow" else "")
+                + f"{e.get('message', '')[:80]}"
+            )
+        elif kind == "phase":
+            click.echo(f"phase            {e['phase']}: {e.get('message', '')}")
+        elif kind == "untestable":
+            click.echo(f"untestable       {short(e['commit'])} {e.get('message', '')[:80]}")
+        elif kind == "controls":
+            click.echo(f"controls         {'ok' if e.get('ok') else e.get('problem', '')[:100]}")
+        elif kind == "end":
+            click.echo(f"end              {e['state']}: {e.get('message', '')}")
+
+
+@click.command("replay")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def replay_cmd(file: Path, as_json: bool) -> None:
+    """Rebuild the search from a journal FILE and print where it stands (no repository needed)."""
+    from bisect_tool import session
+
+    state = session.replay(journal_mod.read(file))
+    summary = state.summary()
+    summary.pop("posterior")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    end = state.end or {}
+    if not end:
+        click.echo(f"running: top {summary['confidence']:.1%} at {summary['flip_block'][0]}")
+        return
+    print_outcome(Outcome(end_state(end["state"]), str(end.get("message", "")), summary))
+
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write the PNG here.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=None)
+@repo_option
+@state_option
+def report(
+    fmt: str, plot: Path | None, output: Path | None, repo: Path, state_dir: Path | None
+) -> None:
+    """The report for the issue tracker (Markdown for GitHub, or JSON with the same content)."""
+    from bisect_tool.report import render_report
+
+    text = render_report(journal_path(repo, state_dir), fmt, plot)
+    if output:
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write the report to {output} ({exc.strerror or exc}); give -o a file "
+                "in a folder you can write, or leave -o out to print it"
+            ) from None
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
