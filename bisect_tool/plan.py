@@ -37,8 +37,8 @@ from bisect_tool.tiers import Tier
 
 if TYPE_CHECKING:
     from bisect_tool.artifacts.origins import Origin
-    from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import StartRequest
+    from bisect_tool.range import Candidate
+    from bisect_tool.request import StartRequest
 
 #: simulated runs behind the expected costs (seeded: the same plan prints the same numbers)
 TRIALS = 16
@@ -247,9 +247,9 @@ class Plan:
 def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS) -> Plan:
     """The plan for what `start` was asked (``request``), with nothing written."""
     from bisect_tool import session
+    from bisect_tool.request import resolve
 
-    recipe = request.recipe
-    commit_range, recipe, extra = _resolve(request)
+    commit_range, recipe, extra = resolve(request)
     header = session.header_for(
         commit_range,
         recipe=recipe.to_dict() if recipe else {"search": dict(request.search_overrides or {})},
@@ -284,22 +284,6 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
         gate_note=gate_note,
         expected=expected,
     )
-
-
-def _resolve(request: StartRequest) -> tuple[CommitRange, Recipe | None, dict[str, Any]]:
-    """The range (and the recipe as the run would use it), as ``run._create`` resolves them."""
-    from bisect_tool import run
-    from bisect_tool.errors import UsageError
-    from bisect_tool.range import resolve_range
-
-    recipe = request.recipe
-    if request.releases is not None:
-        if recipe is None or request.run_command:
-            raise UsageError("--releases needs --recipe (its [artifacts] package and swap set "
-                             "name what to fetch for each release)")
-        return run._release_range(request, recipe, request.releases)
-    paths = request.paths or (recipe.range.paths if recipe else ())
-    return resolve_range(request.repo, request.good, request.bad, paths), recipe, {}
 
 
 def _candidate_lines(

@@ -53,9 +53,9 @@ def find_clone(path: Path) -> Clone | None:
 
 
 def _journal_names() -> tuple[str, ...]:
+    from bisect_tool.handover import HANDOVER_NAME, RELEASES_NAME
     from bisect_tool.journal import JOURNAL_NAME
     from bisect_tool.locate import LOCATE_JOURNAL
-    from bisect_tool.run import HANDOVER_NAME, RELEASES_NAME
 
     return (JOURNAL_NAME, HANDOVER_NAME, RELEASES_NAME, LOCATE_JOURNAL)
 

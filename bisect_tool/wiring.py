@@ -71,6 +71,12 @@ class Wiring:
 
 
 ProbeFactory = Callable[[Wiring], AbstractContextManager[Evaluators]]
+#: what ``open_evaluators`` is: (recipe, repo, session, state dir, tags, observer) -> the
+#: evaluators, closed on exit (tests give the run owner and ``probe --commit`` their own)
+EvaluatorFactory = Callable[
+    [Recipe, Path, str, Path, Mapping[str, Sequence[str]], Observer],
+    AbstractContextManager[Evaluators],
+]
 #: a fast stand-in: (wiring, the faithful tier's compatibility gate or None) -> its evaluator
 NarrowFactory = Callable[[Wiring, Callable[[SwapSet], None] | None], Evaluator]
 

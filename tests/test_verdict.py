@@ -11,9 +11,9 @@ from typing import Any
 import gitrepos
 import pytest
 
+from bisect_tool import commit_probe, run, session
 from bisect_tool import journal as journal_mod
 from bisect_tool import recipe as recipe_mod
-from bisect_tool import run, session
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.report import build_report
 from bisect_tool.values import Direction, Observation, Verdict
@@ -100,7 +100,7 @@ def test_search_probe_and_report_agree(
     ) -> Iterator[run.Evaluators]:
         yield run.Evaluators(_Replay(lifetimes))
 
-    probed = run.probe_commit(
+    probed = commit_probe.probe_commit(
         repo.path, "HEAD", recipe_mod.load("demo"), lifetimes=len(lifetimes), controls=False,
         state_dir=tmp_path / "state", evaluator_factory=factory,
     )

@@ -70,8 +70,8 @@ def locate(
     """Which side carries the change: the probe on {good, bad} Python side x {good, bad}
     compiled side, before any bisect. Exit 0 with an answer, 9 below the asked confidence."""
     from bisect_tool import locate as locate_mod
-    from bisect_tool import run
     from bisect_tool.matrix import CELLS, Side
+    from bisect_tool.request import ReleaseRequest
 
     recipe = recipe_mod.load(recipe_name).override("search", confidence=confidence)
     recipe = recipe.override(
@@ -85,7 +85,7 @@ def locate(
     request = locate_mod.LocateRequest(
         good, bad, recipe, state_dir_of(repo, state_dir, releases=releases),
         repo=None if releases else repo,
-        releases=run.ReleaseRequest(index_url=index_url or "") if releases else None,
+        releases=ReleaseRequest(index_url=index_url or "") if releases else None,
         python_dirs=python_dirs, lifetimes_per_cell=lifetimes_per_cell,
         command=("bisect", *sys.argv[1:]),
     )

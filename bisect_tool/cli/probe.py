@@ -30,7 +30,7 @@ def probe_commit(
     through the run owner, exactly as a bisect would evaluate that candidate."""
     # Imported here: --server/--extension must work without git, docker and the artifacts stage.
     from bisect_tool import recipe as recipe_mod
-    from bisect_tool import run
+    from bisect_tool.commit_probe import probe_commit as probe
 
     recipe = recipe_mod.load(recipe_name).override("probe", **overrides)
 
@@ -46,7 +46,7 @@ def probe_commit(
         elif isinstance(event, ControlsEnded) and not as_json:
             _echo_controls(event.entry)
 
-    probed = run.probe_commit(
+    probed = probe(
         repo_path, ref, recipe, lifetimes=lifetimes, controls=controls, state_dir=state_dir,
         observer=observer,
     )

@@ -1,5 +1,5 @@
 """``bisect start``, ``bisect plan`` and ``bisect resume``: the commands that run a bisect (or
-plan one). They parse flags into a ``run.StartRequest`` and print the outcome; the run owner
+plan one). They parse flags into a ``request.StartRequest`` and print the outcome; the run owner
 (``bisect_tool.run``) does the rest."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from bisect_tool.cli.locate import locate_before_bisect
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JOURNAL_NAME
-from bisect_tool.run import StartRequest
+from bisect_tool.request import ReleaseRequest, StartRequest
 
 
 @click.command()
@@ -157,7 +157,7 @@ def start(
     if releases:
         ctx = click.get_current_context()
         explicit_repo = ctx.get_parameter_source("repo") is not click.core.ParameterSource.DEFAULT
-        release_request = run.ReleaseRequest(
+        release_request = ReleaseRequest(
             index_url=index_url or "", pre=pre, yanked=include_yanked, then_commits=explicit_repo
         )
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
@@ -186,7 +186,7 @@ def start(
             recipe_obj = recipe_obj.override("probe", controls=False)
         if no_narrow:
             recipe_obj = recipe_obj.override("probe", narrow="")
-    request = run.StartRequest(
+    request = StartRequest(
         repo=repo,
         good=good,
         bad=bad,

@@ -97,11 +97,12 @@ def _run(
     from bisect_tool import recipe as recipe_mod
     from bisect_tool import run
     from bisect_tool.progress import PlainLines
+    from bisect_tool.request import StartRequest
 
     recipe = recipe_mod.load(str(recipe_path))
     if lifetimes_only:
         recipe = recipe.override("probe", narrow="")
-    request = run.StartRequest(
+    request = StartRequest(
         repo=repo,
         good=history.good_tag,
         bad=history.bad_tag,
