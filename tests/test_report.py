@@ -25,7 +25,7 @@ from bisect_tool.journal import Journal, JournalContents
 from bisect_tool.probes.compare import Sample, compare_repeats
 from bisect_tool.probes.controls import ControlsResult
 from bisect_tool.probes.op import op_verdict, summarize_cases
-from bisect_tool.probes.server import decide
+from bisect_tool.probes.server_verdict import decide
 from bisect_tool.report import (
     SearchState,
     build_report,

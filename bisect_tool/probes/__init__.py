@@ -15,7 +15,7 @@ from typing import Any
 
 _EXPORTS = {
     "ServerDeterminismProbe": "server",
-    "target_coresidency": "server",
+    "target_coresidency": "server_verdict",
     "ControlsResult": "controls",
     "run_controls": "controls",
     "gate": "controls",

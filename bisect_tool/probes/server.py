@@ -7,11 +7,12 @@ polled to show the batch the bug needs (~44 co-resident sequences there) actuall
 scraped before and after each repeat for the largest engine step it took (the histogram
 ``vllm:iteration_tokens_total``: the seed bug needs a step of >= 256 tokens).
 
-Verdicts: a differing pair -> DIVERGENT; none, and every repeat reached the target co-residency
--> CLEAN; none but the target was missed -> INCONCLUSIVE (a lifetime that never formed the batch
-says nothing about the bug); the server died or rejected the probe -> UNTESTABLE (never
-DIVERGENT). A request that fails mid-repeat (dropped connection, 5xx, timeout) on a live server
-invalidates that repeat only: it is run again, up to ``max_attempts`` times.
+Verdicts (the policy is ``server_verdict``, the ``/metrics`` poller ``monitor``): a differing
+pair -> DIVERGENT; none, and every repeat reached the target co-residency -> CLEAN; none but the
+target was missed -> INCONCLUSIVE (a lifetime that never formed the batch says nothing about the
+bug); the server died or rejected the probe -> UNTESTABLE (never DIVERGENT). A request that
+fails mid-repeat (dropped connection, 5xx, timeout) on a live server invalidates that repeat
+only: it is run again, up to ``max_attempts`` times.
 """
 
 from __future__ import annotations
@@ -21,17 +22,14 @@ import json
 import random
 import secrets
 import ssl
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
-from bisect_tool.errors import RecipeError
 from bisect_tool.interfaces import ProbeResult, ServerHandle
 from bisect_tool.probes.compare import (
-    Comparison,
     ResponseFormatError,
     Sample,
     compare_repeats,
@@ -42,12 +40,12 @@ from bisect_tool.probes.metrics import (
     LATE_ARRIVALS,
     STEP_OVERRUNS,
     MetricsFormatError,
-    Scrape,
     StepBucket,
-    gauge_sum,
     largest_step,
     parse,
 )
+from bisect_tool.probes.monitor import MetricsMonitor
+from bisect_tool.probes.server_verdict import decide, target_coresidency, validate_settings
 from bisect_tool.probes.workload import Workload, build_workload, request_body
 from bisect_tool.recipe import ProbeSettings
 from bisect_tool.values import Verdict
@@ -61,137 +59,6 @@ class _RepeatFailed(Exception):
 
 class _Untestable(Exception):
     """The lifetime cannot answer the probe at all (dead server, rejected or malformed request)."""
-
-
-def target_coresidency(settings: ProbeSettings, sequential: bool = False) -> int:
-    """The co-residency every repeat must reach before a clean lifetime may be called CLEAN.
-
-    Exactly ``target_coresidency``, or all M+F requests when it is 0. No fraction is applied on
-    purpose: in the seed, 36 co-resident sequences were clean and 44 diverged, so "90% of the
-    batch" could silently accept batches below the trigger; a recipe that wants less says so
-    with an explicit number. Sequential mode (the negative control) has no target: one request
-    at a time is the point.
-    """
-    if sequential:
-        return 0
-    total = settings.requests + settings.fillers
-    return settings.target_coresidency or total
-
-
-def validate_settings(settings: ProbeSettings) -> None:
-    total = settings.requests + settings.fillers
-    if settings.requests < 0 or settings.fillers < 0 or total < 1:
-        raise RecipeError("probe.requests + probe.fillers must be at least 1")
-    if settings.repeats < 2:
-        raise RecipeError(
-            f"probe.repeats is {settings.repeats}; at least 2 are needed to compare repeats"
-        )
-    if settings.max_tokens < 1:
-        raise RecipeError("probe.max_tokens must be at least 1")
-    if settings.target_coresidency > total:
-        raise RecipeError(
-            f"probe.target_coresidency ({settings.target_coresidency}) exceeds requests + fillers "
-            f"({total}): it could never be reached; lower it or add fillers"
-        )
-    if settings.jitter_ms < 0:
-        raise RecipeError("probe.jitter_ms must be >= 0")
-
-
-def decide(
-    comparison: Comparison, peaks: Sequence[int | None], target: int
-) -> tuple[Verdict, str]:
-    """The lifetime's verdict from the all-pairs comparison and each repeat's peak co-residency."""
-    if comparison.divergent:
-        pairs = " ".join(f"({i},{j})" for i, j in comparison.differing_pairs)
-        what = "tokens moved" if comparison.tokens_moved else "only logprobs moved"
-        return Verdict.DIVERGENT, (
-            f"{comparison.distinct_outputs} distinct outputs in {comparison.repeats} repeats; "
-            f"pairs {pairs} differ in {comparison.diverging_observations} (request, pair) "
-            f"observations, max |delta logprob| {comparison.max_abs_logprob_delta:.3e}, {what}"
-        )
-    known = [p for p in peaks if p is not None]
-    top = max(known, default=None)
-    if target <= 0:
-        return Verdict.CLEAN, f"{comparison.repeats} repeats bitwise identical (sequential)"
-    if len(known) < len(peaks):
-        return Verdict.INCONCLUSIVE, (
-            "repeats identical, but /metrics gave no vllm:num_requests_running during some "
-            "repeats, so the co-residency reached is unknown; check the server exposes /metrics"
-        )
-    missed = {i: p for i, p in enumerate(peaks) if p is None or p < target}
-    if missed:
-        where = ", ".join(f"repeat {i}: {p}" for i, p in missed.items())
-        return Verdict.INCONCLUSIVE, (
-            f"repeats identical, but co-residency stayed below the target {target} ({where}): "
-            "the batch never formed (raise --max-num-seqs, lower jitter or the target)"
-        )
-    return Verdict.CLEAN, (
-        f"{comparison.repeats} repeats bitwise identical at co-residency {top} (target {target})"
-    )
-
-
-class _Monitor:
-    """Polls GET /metrics every ``interval`` seconds; keeps the peak of the active repeat.
-
-    A thread with its own blocking client, not a task on the probe's event loop: while the loop
-    is busy submitting and parsing a 44-request burst, a task would sample late and could miss
-    a short-lived batch entirely. ``snapshot`` is a separate scrape on demand (its own client,
-    so it never waits on the poller), for the step histogram before and after a repeat.
-    """
-
-    def __init__(self, url: str, interval: float) -> None:
-        self.url, self.interval = url, interval
-        self.active = False
-        self.peak: float | None = None
-        self.samples = 0
-        self.errors = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="bisect-metrics", daemon=True)
-        self._snapshots = httpx.Client(timeout=5.0, trust_env=False)
-
-    def __enter__(self) -> _Monitor:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self._snapshots.close()
-
-    def snapshot(self) -> Scrape | None:
-        """The whole page now, or None when it cannot be had (the step bucket is then unknown)."""
-        try:
-            resp = self._snapshots.get(self.url + "/metrics")
-            return parse(resp.text) if resp.status_code == 200 else None
-        except (httpx.HTTPError, MetricsFormatError):
-            return None
-
-    def begin(self) -> None:
-        with self._lock:
-            self.active, self.peak = True, None
-
-    def end(self) -> int | None:
-        with self._lock:
-            self.active = False
-            return None if self.peak is None else int(round(self.peak))
-
-    def _loop(self) -> None:
-        with httpx.Client(timeout=5.0, trust_env=False) as client:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    resp = client.get(self.url + "/metrics")
-                    value = gauge_sum(resp.text) if resp.status_code == 200 else None
-                except httpx.HTTPError:
-                    value = None
-                with self._lock:
-                    if value is None:
-                        self.errors += 1
-                    elif self.active:
-                        self.samples += 1
-                        self.peak = value if self.peak is None else max(self.peak, value)
-                self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
 
 class ServerDeterminismProbe:
@@ -307,7 +174,7 @@ class ServerDeterminismProbe:
         repeats: list[list[Sample]] = []
         peaks: list[int | None] = []
         steps: list[StepBucket | None] = []
-        with _Monitor(url, self.poll_interval_s) as monitor:
+        with MetricsMonitor(url, self.poll_interval_s) as monitor:
             # The priming pass is byte-identical traffic whose output is discarded: in the seed
             # it removed a separate first-batch effect, so repeat 0 is not the server's first
             # sight of this workload.
@@ -370,7 +237,7 @@ class ServerDeterminismProbe:
         url: str,
         bodies: Sequence[bytes],
         label: str | int,
-        monitor: _Monitor,
+        monitor: MetricsMonitor,
         is_alive: Callable[[], bool] | None,
         detail: dict[str, Any],
     ) -> tuple[list[Sample], int | None, StepBucket | None]:
