@@ -20,7 +20,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from types import TracebackType
 
 from bisect_tool.artifacts.build import Cancelled, SourceBuild, Ticket
 from bisect_tool.artifacts.cache import ArtifactCache
@@ -353,10 +352,5 @@ class CachingProvider:
     def __enter__(self) -> CachingProvider:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

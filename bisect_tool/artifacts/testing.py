@@ -15,7 +15,6 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import quote, unquote
 
 
@@ -102,12 +101,7 @@ class WheelServer:
         self._http.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._http.stop()
 
     # --- content -------------------------------------------------------------------------

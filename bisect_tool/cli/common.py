@@ -7,7 +7,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import click
@@ -16,6 +16,7 @@ from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import NoAnswer, RangeError, StateDirUnusable
 from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
+from bisect_tool.recipe import Recipe
 from bisect_tool.run import Outcome
 from bisect_tool.verdict import EndState
 
@@ -100,6 +101,29 @@ def ends_options(
         return click.option("--good", required=True, help=good)(fn)
 
     return wrap
+
+
+def gpu_list(gpus: str | None) -> tuple[str, ...] | None:
+    """``--gpus 0,1,2``; None when not given (the recipe's stand)."""
+    return tuple(g for g in gpus.split(",") if g) if gpus else None
+
+
+def with_flags(
+    recipe: Recipe,
+    *,
+    no_controls: bool = False,
+    no_narrow: bool = False,
+    **sections: Mapping[str, object],
+) -> Recipe:
+    """The recipe with the command line's flags over it: each section's values (None: the
+    flag was not given, the recipe's value stands), then --no-controls and --no-narrow."""
+    for section, values in sections.items():
+        recipe = recipe.override(section, **values)
+    if no_controls:
+        recipe = recipe.override("probe", controls=False)
+    if no_narrow:
+        recipe = recipe.override("probe", narrow="")
+    return recipe
 
 
 def progress_options(fn: Callable[..., None]) -> Callable[..., None]:

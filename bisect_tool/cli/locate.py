@@ -10,7 +10,14 @@ from pathlib import Path
 import click
 
 from bisect_tool import recipe as recipe_mod
-from bisect_tool.cli.common import ends_options, run_options, state_dir_of, watching
+from bisect_tool.cli.common import (
+    ends_options,
+    gpu_list,
+    run_options,
+    state_dir_of,
+    watching,
+    with_flags,
+)
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import NoAnswer
 from bisect_tool.events import Observer
@@ -73,13 +80,12 @@ def locate(
     from bisect_tool.matrix import CELLS, Side
     from bisect_tool.request import ReleaseRequest
 
-    recipe = recipe_mod.load(recipe_name).override("search", confidence=confidence)
-    recipe = recipe.override(
-        "runtime", python=python_exe,
-        gpus=tuple(g for g in gpus.split(",") if g) if gpus else None,
+    recipe = with_flags(
+        recipe_mod.load(recipe_name),
+        search={"confidence": confidence},
+        runtime={"python": python_exe, "gpus": gpu_list(gpus)},
+        no_controls=no_controls,
     )
-    if no_controls:
-        recipe = recipe.override("probe", controls=False)
     python_dirs = {side: path for side, path in ((Side.GOOD, good_python),
                                                   (Side.BAD, bad_python)) if path is not None}
     request = locate_mod.LocateRequest(

@@ -13,6 +13,7 @@ import click
 from bisect_tool import recipe as recipe_mod
 from bisect_tool.cli.common import (
     ends_options,
+    gpu_list,
     journal_path,
     print_outcome,
     progress_options,
@@ -22,6 +23,7 @@ from bisect_tool.cli.common import (
     state_locked,
     state_option,
     watching,
+    with_flags,
 )
 from bisect_tool.cli.locate import locate_before_bisect
 from bisect_tool.clitypes import Finite
@@ -164,28 +166,21 @@ def start(
     if prefetch is not None and recipe_obj is None:
         raise UsageError("--prefetch goes with --recipe (a --run or manual bisect fetches nothing)")
     if recipe_obj is not None:
-        recipe_obj = recipe_obj.override("artifacts", prefetch=prefetch)
-        recipe_obj = recipe_obj.override(
-            "search",
-            confidence=confidence,
-            max_evaluations=max_evaluations,
-            cost_new_candidate=cost_new,
-            cost_lifetime=cost_lifetime,
+        recipe_obj = with_flags(
+            recipe_obj,
+            artifacts={"prefetch": prefetch},
+            search={
+                "confidence": confidence, "max_evaluations": max_evaluations,
+                "cost_new_candidate": cost_new, "cost_lifetime": cost_lifetime,
+            },
+            runtime={
+                "backend": backend, "python": python_exe, "pinned_package_dir": pinned_dir,
+                "model": model, "weights": "" if model else None, "gpus": gpu_list(gpus),
+                "ray_address": ray_address,
+            },
+            no_controls=no_controls,
+            no_narrow=no_narrow,
         )
-        recipe_obj = recipe_obj.override(
-            "runtime",
-            backend=backend,
-            python=python_exe,
-            pinned_package_dir=pinned_dir,
-            model=model,
-            weights="" if model else None,
-            gpus=tuple(g for g in gpus.split(",") if g) if gpus else None,
-            ray_address=ray_address,
-        )
-        if no_controls:
-            recipe_obj = recipe_obj.override("probe", controls=False)
-        if no_narrow:
-            recipe_obj = recipe_obj.override("probe", narrow="")
     request = StartRequest(
         repo=repo,
         good=good,

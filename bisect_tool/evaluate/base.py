@@ -4,6 +4,7 @@ UNTESTABLE observation (never an exception) when the candidate itself cannot run
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,10 +15,8 @@ from bisect_tool.errors import (
     UntestableError,
 )
 from bisect_tool.events import ArtifactReady, Observer, ignore
-from bisect_tool.interfaces import (
-    ArtifactProvider,
-    SwapSet,
-)
+from bisect_tool.interfaces import ArtifactProvider, ProbeResult, SwapSet
+from bisect_tool.values import Observation, Verdict
 
 
 def untestable_stage(exc: UntestableError) -> str:
@@ -66,3 +65,21 @@ class _ArtifactEvaluator:
         return self.provider.get(commit, tags)
 
 
+def untestable(
+    commit: str, lifetime_id: str, exc: UntestableError, started: float
+) -> Observation:
+    """The candidate itself could not be run: an UNTESTABLE observation saying where, never an
+    exception (``started``: the evaluation's ``time.monotonic()``)."""
+    return Observation(
+        commit, Verdict.UNTESTABLE, lifetime_id, {"stage": untestable_stage(exc)}, str(exc),
+        time.monotonic() - started,
+    )
+
+
+def observed(
+    commit: str, lifetime_id: str, result: ProbeResult, detail: dict[str, Any], started: float
+) -> Observation:
+    """What the probe saw in the lifetime, as the observation the engine journals."""
+    return Observation(
+        commit, result.verdict, lifetime_id, detail, result.message, time.monotonic() - started
+    )

@@ -10,7 +10,12 @@ from bisect_tool.errors import (
     IncompatibleExtension,
     UntestableError,
 )
-from bisect_tool.evaluate.base import _ArtifactEvaluator, swap_facts, untestable_stage
+from bisect_tool.evaluate.base import (
+    _ArtifactEvaluator,
+    observed,
+    swap_facts,
+    untestable,
+)
 from bisect_tool.interfaces import (
     ArtifactProvider,
     SwapSet,
@@ -60,10 +65,7 @@ class OpEvaluator(_ArtifactEvaluator):
         try:
             swap = self._swap(commit, tags or self.tags.get(commit, ()))
         except UntestableError as exc:
-            return Observation(
-                commit, Verdict.UNTESTABLE, lifetime_id, {"stage": untestable_stage(exc)},
-                str(exc), time.monotonic() - started,
-            )
+            return untestable(commit, lifetime_id, exc, started)
         artifacts_s = time.monotonic() - started
         self._announce(commit, artifacts_s)
         gate = self._gate_result(swap)
@@ -79,13 +81,6 @@ class OpEvaluator(_ArtifactEvaluator):
             detail["gate"] = gate
         if result.verdict is Verdict.UNTESTABLE:
             detail.setdefault("stage", "probe")
-        return Observation(
-            commit,
-            result.verdict,
-            lifetime_id,
-            detail,
-            result.message,
-            time.monotonic() - started,
-        )
+        return observed(commit, lifetime_id, result, detail, started)
 
 

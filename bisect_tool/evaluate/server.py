@@ -14,7 +14,13 @@ from bisect_tool import entries
 from bisect_tool.errors import (
     UntestableError,
 )
-from bisect_tool.evaluate.base import _ArtifactEvaluator, swap_facts, untestable_stage
+from bisect_tool.evaluate.base import (
+    _ArtifactEvaluator,
+    observed,
+    swap_facts,
+    untestable,
+    untestable_stage,
+)
 from bisect_tool.events import Observer, ignore
 from bisect_tool.interfaces import (
     ArtifactProvider,
@@ -69,21 +75,11 @@ class ServerEvaluator(_ArtifactEvaluator):
             self._announce(commit, artifacts_s)
             result = self.run_lifetime(swap, lifetime_id, {}, sequential=False)
         except UntestableError as exc:
-            return Observation(
-                commit, Verdict.UNTESTABLE, lifetime_id, {"stage": untestable_stage(exc)},
-                str(exc), time.monotonic() - started,
-            )
+            return untestable(commit, lifetime_id, exc, started)
         detail = dict(result.detail)
         detail["timing"] = {**detail.get("timing", {}), "artifacts_s": round(artifacts_s, 3)}
         detail.update(swap_facts(swap))
-        return Observation(
-            commit,
-            result.verdict,
-            lifetime_id,
-            detail,
-            result.message,
-            time.monotonic() - started,
-        )
+        return observed(commit, lifetime_id, result, detail, started)
 
     def boot(
         self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str]

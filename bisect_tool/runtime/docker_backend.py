@@ -38,12 +38,12 @@ from bisect_tool.labels import (
 )
 from bisect_tool.recipe import RuntimeSettings
 from bisect_tool.runtime import gpu_passthrough, schemas
+from bisect_tool.runtime.backend import Backend, SchemaDump
 from bisect_tool.runtime.common import (
     LOOPBACK,
     PACKAGE_DIR_SCRIPT,
     RunningServer,
     open_log,
-    serve_lifetime,
     sigterm_raises,
 )
 from bisect_tool.runtime.gpu_passthrough import GpuAccess, GpuMode
@@ -204,7 +204,7 @@ class _Container:
             self._stopped = True
 
 
-class DockerBackend:
+class DockerBackend(Backend[_Container]):
     def __init__(
         self,
         settings: RuntimeSettings,
@@ -218,10 +218,9 @@ class DockerBackend:
     ) -> None:
         if not settings.image:
             raise RecipeError("[runtime] image is empty; the docker backend needs the pinned image")
-        self.settings = settings
-        self.session = session
-        self.log_dir = Path(log_dir)
-        self.grace_s = grace_s
+        super().__init__(
+            settings, session=session, log_dir=log_dir, http_client=http_client, grace_s=grace_s
+        )
         if docker_client is None:
             try:
                 docker_client = docker.from_env()
@@ -229,12 +228,8 @@ class DockerBackend:
             except (docker.errors.DockerException, requests.RequestException) as exc:
                 raise _engine_error(exc) from None
         self.client = docker_client
-        self._http = http_client
         self._package_dirs: dict[str, str] = {}
         self._pinned_schemas: dict[str, dict[str, str] | None] = {}
-        self._checked: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-        self._live: dict[str, _Container] = {}
-        self._lock = threading.Lock()
         self._gpu_mode = gpu_passthrough.parse_mode(settings.docker_gpu)
         self._gpu_access: GpuAccess | None = None
         self._gpu_host = gpu_host  # where /dev, /proc and ldconfig are read (tests: a fake)
@@ -275,24 +270,17 @@ class DockerBackend:
         access = self.gpu_access()
         gpu_kwargs = access.create_kwargs(None, one_shot=True)
         env = {**access.environment(self.image_env(), self.settings.env), **self.settings.env}
-        try:
-            container = self.client.containers.create(
-                self.settings.image,
-                entrypoint=list(argv[:1]),
-                command=list(argv[1:]),
-                environment=env,
-                network_mode="host",
-                mounts=[*mounts, *gpu_kwargs.pop("mounts", [])],
-                labels=labels(self.session),
-                detach=True,
-                **gpu_kwargs,
-            )
-        except docker.errors.ImageNotFound:
-            raise RecipeError(
-                f"image {self.settings.image} not found; build or load it, or fix [runtime] image"
-            ) from None
-        except (docker.errors.APIError, requests.RequestException) as exc:
-            raise _engine_error(exc) from None
+        container = self._create(
+            image=self.settings.image,
+            entrypoint=list(argv[:1]),
+            command=list(argv[1:]),
+            environment=env,
+            network_mode="host",
+            mounts=[*mounts, *gpu_kwargs.pop("mounts", [])],
+            labels=labels(self.session),
+            detach=True,
+            **gpu_kwargs,
+        )
         try:
             container.start()
             code = int(container.wait(timeout=timeout_s).get("StatusCode", -1))
@@ -304,6 +292,18 @@ class DockerBackend:
         finally:
             with contextlib.suppress(docker.errors.APIError, requests.RequestException):
                 container.remove(force=True, v=True)
+
+    def _create(self, **kwargs: Any) -> Any:
+        """A container of the pinned image (``containers.create``'s arguments); an image that
+        is not there names the fix, an engine that fails is infrastructure."""
+        try:
+            return self.client.containers.create(**kwargs)
+        except docker.errors.ImageNotFound:
+            raise RecipeError(
+                f"image {self.settings.image} not found; build or load it, or fix [runtime] image"
+            ) from None
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            raise _engine_error(exc) from None
 
     def package_dir(self, pkg: str) -> str:
         """Where top-level package ``pkg`` lives inside the image (asked once, then cached)."""
@@ -341,7 +341,7 @@ class DockerBackend:
 
     @contextlib.contextmanager
     def lifetime(self, spec: LifetimeSpec) -> Iterator[RunningServer]:
-        log_path = Path(spec.log_dir or self.log_dir) / f"{safe_name(spec.lifetime_id)}.log"
+        log_path = self.log_path(spec)
         for rel, src in spec.swap.files.items():
             if not Path(src).is_file():
                 raise RecipeError(f"swap file for {rel} is missing from the cache: {src}")
@@ -359,15 +359,7 @@ class DockerBackend:
             self._remove_named(kwargs["name"])  # a resumed lifetime after a crash
             with open_log(log_path) as log:
                 log.write(f"== bisect lifetime {spec.lifetime_id} port {port}\n".encode())
-            try:
-                container = self.client.containers.create(**kwargs)
-            except docker.errors.ImageNotFound:
-                raise RecipeError(
-                    f"image {self.settings.image} not found; build or load it"
-                ) from None
-            except (docker.errors.APIError, requests.RequestException) as exc:
-                raise _engine_error(exc) from None
-            running = _Container(container, log_path)
+            running = _Container(self._create(**kwargs), log_path)
             try:
                 running.start()
             except (docker.errors.APIError, requests.RequestException) as exc:
@@ -377,17 +369,7 @@ class DockerBackend:
                 raise _engine_error(exc) from None
             return running
 
-        with sigterm_raises(), self._client() as http, serve_lifetime(
-            spec.lifetime_id,
-            log_path,
-            launch,
-            live=self._live,
-            lock=self._lock,
-            boot_timeout_s=self.settings.boot_timeout_s,
-            grace_s=self.grace_s,
-            http=http,
-            what="container",
-        ) as server:
+        with sigterm_raises(), self._serve(spec, launch, what="container") as server:
             yield server
 
     def _remove_named(self, name: str) -> None:
@@ -396,30 +378,11 @@ class DockerBackend:
             if old.labels.get(LABEL_TOOL) == TOOL_NAME:
                 old.remove(force=True, v=True)
 
-    @contextlib.contextmanager
-    def _client(self) -> Iterator[httpx.Client]:
-        if self._http is not None:
-            yield self._http
-        else:
-            with httpx.Client(trust_env=False) as client:
-                yield client
-
-    def close(self) -> int:
-        """Tear down every lifetime still running (from any thread); how many there were."""
-        with self._lock:
-            live = list(self._live.values())
-        for running in live:
-            running.stop(self.grace_s)
-        return len(live)
-
     # -- compatibility gate -----------------------------------------------------------------------
 
-    def check_compatible(self, swap: SwapSet) -> None:
-        key = schemas.gate_key(swap)
-        if key in self._checked:
-            return
-        exts = schemas.extension_paths(list(swap.files))
-        targets = self.targets(swap) if exts else {}
+    @contextlib.contextmanager
+    def _schema_dumps(self, swap: SwapSet) -> Iterator[tuple[SchemaDump, SchemaDump]]:
+        targets = self.targets(swap)
 
         def candidate_for(rel: str) -> dict[str, str] | None:
             # Mounted exactly where the lifetime will mount it, so it loads as it will there.
@@ -432,11 +395,7 @@ class DockerBackend:
             what = f"candidate {short(swap.commit)} {rel}"
             return self._dump(targets[rel], what=what, mounts=[mount])
 
-        schemas.check_extensions(
-            swap, exts, lambda rel: self._pinned_dump(targets[rel]), candidate_for,
-            self.settings.gate_ops,
-        )
-        self._checked.add(key)
+        yield (lambda rel: self._pinned_dump(targets[rel])), candidate_for
 
     def _pinned_dump(self, path: str) -> dict[str, str] | None:
         if path not in self._pinned_schemas:

@@ -28,11 +28,11 @@ from bisect_tool.interfaces import LifetimeSpec, SwapSet
 from bisect_tool.labels import ENV_LIFETIME, ENV_SESSION
 from bisect_tool.recipe import RuntimeSettings
 from bisect_tool.runtime import schemas
+from bisect_tool.runtime.backend import Backend, SchemaDump
 from bisect_tool.runtime.common import (
     LOOPBACK,
     PACKAGE_DIR_SCRIPT,
     RunningServer,
-    serve_lifetime,
     sigterm_raises,
 )
 from bisect_tool.runtime.logpump import open_pump
@@ -100,7 +100,7 @@ class _Server:
             self._stopped = True
 
 
-class LocalBackend:
+class LocalBackend(Backend[_Server]):
     def __init__(
         self,
         settings: RuntimeSettings,
@@ -111,17 +111,12 @@ class LocalBackend:
         grace_s: float = 10.0,
         overlay_parent: Path | None = None,
     ) -> None:
-        self.settings = settings
-        self.session = session
-        self.log_dir = Path(log_dir)
-        self.grace_s = grace_s
+        super().__init__(
+            settings, session=session, log_dir=log_dir, http_client=http_client, grace_s=grace_s
+        )
         self.overlay_parent = overlay_parent
-        self._http = http_client
         self._package_dirs: dict[str, Path] = {}
         self._pinned_schemas: dict[str, dict[str, str]] = {}
-        self._checked: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-        self._live: dict[str, _Server] = {}
-        self._lock = threading.Lock()
 
     # -- where the pinned package is ------------------------------------------------------------
 
@@ -200,12 +195,11 @@ class LocalBackend:
 
     @contextlib.contextmanager
     def lifetime(self, spec: LifetimeSpec) -> Iterator[RunningServer]:
-        log_path = Path(spec.log_dir or self.log_dir) / f"{safe_name(spec.lifetime_id)}.log"
+        log_path = self.log_path(spec)
         tag = f"{spec.session}-{spec.lifetime_id}"
         with (
             sigterm_raises(),
             overlay(spec.swap.files, self.package_dir, tag=tag, parent=self.overlay_parent) as root,
-            self._client() as http,
         ):
 
             def launch(port: int) -> _Server:
@@ -235,64 +229,25 @@ class LocalBackend:
                 pump.child_started()
                 return _Server(proc, log_path, start, pump, log)
 
-            with serve_lifetime(
-                spec.lifetime_id,
-                log_path,
-                launch,
-                live=self._live,
-                lock=self._lock,
-                boot_timeout_s=self.settings.boot_timeout_s,
-                grace_s=self.grace_s,
-                http=http,
-            ) as server:
+            with self._serve(spec, launch) as server:
                 yield server
-
-    @contextlib.contextmanager
-    def _client(self) -> Iterator[httpx.Client]:
-        if self._http is not None:
-            yield self._http
-        else:
-            # trust_env=False: a proxy from the environment must never see loopback traffic.
-            with httpx.Client(trust_env=False) as client:
-                yield client
-
-    def close(self) -> int:
-        """Tear down every lifetime still running (from any thread); how many there were.
-
-        For the lead's loop: on Ctrl-C the main thread calls this so lifetimes running in worker
-        threads stop now instead of at the end of their probe.
-        """
-        with self._lock:
-            live = list(self._live.values())
-        for server in live:
-            server.stop(self.grace_s)
-        return len(live)
 
     # -- compatibility gate -----------------------------------------------------------------------
 
-    def check_compatible(self, swap: SwapSet) -> None:
-        key = schemas.gate_key(swap)
-        if key in self._checked:
-            return
-        exts = schemas.extension_paths(list(swap.files))
-        if exts:
-            with overlay(
-                swap.files,
-                self.package_dir,
-                tag=f"{self.session}-check-{short(swap.commit)}",
-                parent=self.overlay_parent,
-            ) as root:
+    @contextlib.contextmanager
+    def _schema_dumps(self, swap: SwapSet) -> Iterator[tuple[SchemaDump, SchemaDump]]:
+        with overlay(
+            swap.files,
+            self.package_dir,
+            tag=f"{self.session}-check-{short(swap.commit)}",
+            parent=self.overlay_parent,
+        ) as root:
 
-                def candidate_for(rel: str) -> dict[str, str] | None:
-                    what = f"candidate {short(swap.commit)} {rel}"
-                    return schemas.dump_local(
-                        self.settings.interpreter(), str(root / rel), what=what
-                    )
+            def candidate_for(rel: str) -> dict[str, str] | None:
+                what = f"candidate {short(swap.commit)} {rel}"
+                return schemas.dump_local(self.settings.interpreter(), str(root / rel), what=what)
 
-                schemas.check_extensions(
-                    swap, exts, self._pinned_dump, candidate_for, self.settings.gate_ops
-                )
-        self._checked.add(key)
+            yield self._pinned_dump, candidate_for
 
     def _pinned_dump(self, rel: str) -> dict[str, str] | None:
         if rel in self._pinned_schemas:
