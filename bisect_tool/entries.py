@@ -234,6 +234,19 @@ def end(
     return entry
 
 
+def carried(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry of another journal as this one keeps it: its place there (``seq``, ``time``)
+    left behind, the journal it is appended to writes its own."""
+    return {k: v for k, v in entry.items() if k not in ("seq", "time")}
+
+
+def carried_observation(entry: Mapping[str, Any], commit: str, position: int) -> dict[str, Any]:
+    """A release-level observation carried into the commit-level run: re-keyed to the commit
+    the release's tag names, at its position there, saying which release it came from."""
+    return {**carried(entry), "commit": commit, "position": position,
+            "carried_from": str(entry["commit"])}
+
+
 # -- checking them on reading ----------------------------------------------------------------
 
 _VERDICTS = {str(v) for v in Verdict}

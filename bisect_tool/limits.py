@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bisect_tool.errors import RecipeError, UsageError
+from bisect_tool.values import ProbeKind
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ AT_LEAST_0 = Bound(0)
 AT_LEAST_1 = Bound(1)
 PROBABILITY = Bound(0, 1, low_open=True, high_open=True)
 #: the fast probes a recipe may narrow with before its own probe confirms ("" = none)
-NARROW_KINDS = ("", "op")
+NARROW_KINDS = ("", ProbeKind.OP.value)
 
 BOUNDS: dict[str, dict[str, Bound]] = {
     "search": {
@@ -97,7 +98,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
 # Keys whose value must be one of a few words; anything else would only fail inside a child
 # process much later (the op check's child would refuse an unknown --abi with a usage error).
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
-    "probe": {"op_abi": ("torch", "ctypes"), "kind": ("server", "op")},
+    "probe": {"op_abi": ("torch", "ctypes"),
+              "kind": (ProbeKind.SERVER.value, ProbeKind.OP.value)},
     "runtime": {"backend": ("local", "docker", "ray"),
                 "docker_gpu": ("auto", "toolkit", "devices")},
     "artifacts": {"build_executor": ("docker", "host")},

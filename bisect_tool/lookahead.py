@@ -32,6 +32,7 @@ import numpy as np
 
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
 from bisect_tool.tiers import Tier
+from bisect_tool.values import ProbeKind
 
 #: ``[artifacts] prefetch`` = -1: the run chooses K
 CHOSEN_BY_RUN = -1
@@ -55,10 +56,10 @@ def build_facts(recipe: Mapping[str, Any], tier: Tier) -> BuildFacts:
     probe = recipe.get("probe") or {}
     sources = tuple(artifacts.get("sources") or DEFAULT_SOURCES)
     source_builds = "source-build" in sources
-    kind = "op" if tier is Tier.NARROW else str(probe.get("kind") or "server")
+    kind = ProbeKind.OP if tier is Tier.NARROW else str(probe.get("kind") or ProbeKind.SERVER)
     # host and docker builds both run here; an op check through ctypes runs on these CPUs too
     # (a torch op check, a server lifetime or a Ray task keeps a GPU busy instead)
-    on_cpu = kind == "op" and probe.get("op_abi", "torch") == "ctypes"
+    on_cpu = kind == ProbeKind.OP and probe.get("op_abi", "torch") == "ctypes"
     return BuildFacts(source_builds, source_builds and on_cpu)
 
 

@@ -34,6 +34,7 @@ from bisect_tool.preflight import Check, environment
 from bisect_tool.recipe import Recipe
 from bisect_tool.strategy import Costs, Priors
 from bisect_tool.tiers import Tier
+from bisect_tool.values import ProbeKind
 
 if TYPE_CHECKING:
     from bisect_tool.artifacts.origins import Origin
@@ -74,7 +75,7 @@ def assumed_p(recipe: Mapping[str, Any]) -> tuple[float, float]:
     beside it; q: Beta(0.5, 50)), or 1 and 0 for a deterministic probe (the op check runs
     fixed inputs: the same rows every run; tiers.narrow_priors)."""
     probe = recipe.get("probe") or {}
-    if probe.get("deterministic") or probe.get("kind") == "op":
+    if probe.get("deterministic") or probe.get("kind") == ProbeKind.OP:
         return 1.0, 0.0
     pri = Priors()
     p = pri.p_point_mass + (1 - pri.p_point_mass) * pri.p_alpha / (pri.p_alpha + pri.p_beta)
@@ -107,11 +108,11 @@ def simulate(
     rows = [_one_run(header, p, q, rng, rejected, slots) for _ in range(max(1, trials))]
     probe = recipe.get("probe") or {}
     # an op recipe's own runs are op runs, not server lifetimes
-    own_op = probe.get("kind") == "op"
+    own_op = probe.get("kind") == ProbeKind.OP
     runs = np.array([(r[0] + r[1], 0) if own_op else (r[0], r[1]) for r in rows], dtype=float)
     fresh = [r[2] - cached for r in rows]
     controls = 0
-    if probe.get("kind", "server") == "server" and probe.get("controls", True):
+    if probe.get("kind", ProbeKind.SERVER) == ProbeKind.SERVER and probe.get("controls", True):
         controls = 1
     first_tier = Tier.NARROW if probe.get("narrow") else Tier.FAITHFUL
     k = lookahead.depth(
@@ -266,7 +267,7 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
                              if c.origin in ("wheel index", "release wheel"))
     assumed, q = assumed_p(header["recipe"])
     slots = max(1, len(recipe.runtime.gpus) * recipe.runtime.lifetimes_per_gpu) \
-        if recipe is not None and recipe.probe.kind == "server" else 1
+        if recipe is not None and recipe.probe.kind == ProbeKind.SERVER else 1
     expected = simulate(
         header, p=assumed if p is None else p, q=q, trials=trials, rejected=rejected,
         cached=cached, builds_at=builds_at, downloads_at=downloads_at, slots=slots,
@@ -317,8 +318,8 @@ def _gate(
     message per position; and why it was not asked, when it was not."""
     from bisect_tool.errors import IncompatibleExtension
 
-    if recipe.probe.kind != "server" or recipe.runtime.backend not in ("local", "docker"):
-        return {}, "" if recipe.probe.kind != "server" else \
+    if recipe.probe.kind != ProbeKind.SERVER or recipe.runtime.backend not in ("local", "docker"):
+        return {}, "" if recipe.probe.kind != ProbeKind.SERVER else \
             f"the {recipe.runtime.backend} backend gates on its nodes"
     missing = [c.name for c in checks if c.required and not c.ok]
     if missing:
@@ -345,9 +346,7 @@ def _gate(
                 except BisectError as exc:
                     return results, f"stopped: {exc}"
         finally:
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
+            backend.close()
     return results, ""
 
 

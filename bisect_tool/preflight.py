@@ -28,6 +28,7 @@ from typing import Any
 
 from bisect_tool.errors import InfrastructureError
 from bisect_tool.recipe import Recipe
+from bisect_tool.values import ProbeKind
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,12 @@ class Needs:
 
 def needs(recipe: Recipe) -> Needs:
     probe, runtime = recipe.probe, recipe.runtime
-    server = probe.kind == "server"
-    op_torch = (probe.kind == "op" or probe.narrow == "op") and probe.op_abi == "torch"
+    server = probe.kind == ProbeKind.SERVER
+    op_torch = ProbeKind.OP in (probe.kind, probe.narrow) and probe.op_abi == "torch"
     vllm_server = server and runtime.server_module.startswith("vllm")
     local = runtime.backend == "local"
     return Needs(
-        interpreter=local and probe.kind in ("server", "op"),
+        interpreter=local and probe.kind in (ProbeKind.SERVER, ProbeKind.OP),
         torch=(vllm_server or op_torch) and runtime.backend != "docker",
         gpu=(vllm_server or op_torch) and runtime.backend != "ray",
         pinned_package=local and server and bool(runtime.server_module),

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bisect_tool import entries, session
 from bisect_tool import journal as journal_mod
-from bisect_tool import session
 from bisect_tool.errors import StateError, UsageError
 from bisect_tool.range import CommitRange
 from bisect_tool.recipe import Recipe
@@ -166,10 +166,8 @@ def _carry(path: Path, header: Mapping[str, Any], carried: Carried) -> None:
         for entry in old.entries:
             kind = entry.get("type")
             if kind == "controls":
-                journal.append({k: v for k, v in entry.items() if k not in ("seq", "time")})
+                journal.append(entries.carried(entry))
             sha = carried.commits.get(str(entry.get("commit")))
-            if kind != "observation" or sha not in positions:
+            if kind != "observation" or sha is None or sha not in positions:
                 continue
-            moved = {k: v for k, v in entry.items() if k not in ("seq", "time")}
-            moved.update(commit=sha, position=positions[sha], carried_from=str(entry["commit"]))
-            journal.append(moved)
+            journal.append(entries.carried_observation(entry, sha, positions[sha]))

@@ -179,7 +179,7 @@ PROBES: dict[ProbeKind, ProbeFactory] = {
     ProbeKind.OP: _op,
     ProbeKind.RUN: _run_command,
 }
-NARROW: dict[str, NarrowFactory] = {"op": op_evaluator}
+NARROW: dict[str, NarrowFactory] = {ProbeKind.OP: op_evaluator}
 
 
 def _narrow(w: Wiring, gate: Callable[[SwapSet], None] | None) -> Evaluator | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from bisect_tool.values import Verdict
+from bisect_tool.values import ProbeKind, Verdict
 
 
 def probe_commit(
@@ -83,7 +83,7 @@ def _echo_lifetime(obs: Any, kind: str) -> None:
 
     click.echo(f"\n== lifetime {obs.lifetime_id}: {obs.verdict.upper()}: {obs.message}")
     if obs.detail and obs.verdict != Verdict.UNTESTABLE:
-        render = render_op_detail if kind == "op" else render_server_detail
+        render = render_op_detail if kind == ProbeKind.OP else render_server_detail
         click.echo(render(obs.detail))
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from bisect_tool.errors import RecipeError
+from bisect_tool.interfaces import RuntimeBackend
 from bisect_tool.recipe import RuntimeSettings
 from bisect_tool.runtime.common import RunningServer, sigterm_raises
 from bisect_tool.runtime.gpus import GpuPool
@@ -42,9 +43,10 @@ def make_backend(
     log_dir: Path,
     docker_client: Any = None,
     http_client: httpx.Client | None = None,
-) -> LocalBackend | DockerBackend:
-    """The backend ``settings.backend`` names; a Docker engine that is down is an
-    ``InfrastructureError`` naming scripts/docker-up.sh."""
+) -> RuntimeBackend:
+    """The backend ``settings.backend`` names (its users see ``interfaces.RuntimeBackend``
+    alone); a Docker engine that is down is an ``InfrastructureError`` naming
+    scripts/docker-up.sh."""
     if settings.backend in ("local", "ray"):
         # ray: every node runs the local backend inside a Ray task
         # (bisect_tool.evaluate.ray); on this host it finds and removes leftovers.
