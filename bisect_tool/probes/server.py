@@ -366,7 +366,9 @@ class ServerDeterminismProbe:
     ) -> str:
         """Why the server is dead, or "" when it still answers /health."""
         last = ""
-        for _ in range(3):
+        for attempt in range(3):
+            if attempt:
+                await asyncio.sleep(0.2)  # between the asks; none after the last one
             if is_alive is not None and not is_alive():
                 return "the server process exited"
             try:
@@ -376,7 +378,6 @@ class ServerDeterminismProbe:
                 last = f"/health answered HTTP {resp.status_code}"
             except httpx.HTTPError as exc:
                 last = f"/health unreachable ({type(exc).__name__})"
-            await asyncio.sleep(0.2)
         return last
 
 
