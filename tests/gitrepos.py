@@ -1,16 +1,23 @@
 """Real git repositories for the range/session/CLI tests, built with the git CLI.
 
 Every commit writes its index into ``f`` (so a ``--run`` script can read where it is in history)
-and, where asked, touches other files. Dates and identities are fixed, so SHAs are reproducible.
+and, where asked, touches other files. Dates and identities are fixed, so SHAs are reproducible:
+a history asked for again in the same test session is a copy of the first one built (the same
+objects, refs and SHAs; a fresh work tree and git dir of its own), not built commit by commit
+again (~30 ms of git processes a commit).
 """
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,9 +78,34 @@ def init(path: Path) -> Repo:
     return Repo(path)
 
 
+_BUILT: dict[tuple[object, ...], Repo] = {}
+
+
+def _built_once(key: tuple[object, ...], path: Path, build: Callable[[Path], Repo]) -> Repo:
+    """The repository ``build`` makes, at ``path``: built once per test session (in a folder
+    of its own), copied for every later ask with the same ``key``."""
+    if key not in _BUILT:
+        root = Path(tempfile.mkdtemp(prefix="gitrepos-"))
+        atexit.register(shutil.rmtree, root, True)
+        built = build(root / "repo")
+        git(built.path, "repack", "-a", "-d", "-q")  # a few files to copy, not every object
+        _BUILT[key] = built
+    built = _BUILT[key]
+    shutil.copytree(built.path, path, symlinks=True, dirs_exist_ok=True)
+    return dataclasses.replace(built, path=path, main=list(built.main), side=list(built.side))
+
+
 def linear(path: Path, n: int, *, tag_every: int = 0, touch: Iterable[int] = ()) -> Repo:
     """``n`` commits on main; commit i (1-based) writes ``i`` into ``f``; commits in ``touch``
     also change ``csrc/kernel.cu``. ``tag_every=k`` tags commit k*j as v0.<j>.0 ."""
+    touched = tuple(sorted(set(touch)))
+    return _built_once(
+        ("linear", n, tag_every, touched), path,
+        lambda at: _linear(at, n, tag_every=tag_every, touch=touched),
+    )
+
+
+def _linear(path: Path, n: int, *, tag_every: int, touch: Iterable[int]) -> Repo:
     repo = init(path)
     touched = set(touch)
     for i in range(1, n + 1):
@@ -91,6 +123,11 @@ def with_merges(path: Path, branches: Sequence[int] = (3, 2, 4)) -> Repo:
     separated by direct commits. ``f`` keeps counting up along the *first-parent* history: the
     merge writes its main index; commits inside a branch touch only ``docs/`` (never ``f``)
     except that the merge carries the branch's ``csrc/`` change when the branch made one."""
+    shape = tuple(branches)
+    return _built_once(("with_merges", shape), path, lambda at: _with_merges(at, shape))
+
+
+def _with_merges(path: Path, branches: Sequence[int]) -> Repo:
     repo = init(path)
     index = 1
     repo.main.append(repo.commit(f"commit {index}", {"f": f"{index}\n"}))
