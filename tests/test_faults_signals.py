@@ -89,16 +89,20 @@ def test_sighup_acts_like_sigterm(repo: Repo, tmp_path: Path, sig: signal.Signal
 
 def test_sighup_is_left_alone_under_nohup(repo: Repo, tmp_path: Path) -> None:
     # `nohup bisect start ...` asks to outlive the terminal: SIGHUP stays ignored
-    state = tmp_path / "st"
+    state, started, sent = tmp_path / "st", tmp_path / "started", tmp_path / "sent"
+    # the first lifetime waits until the SIGHUP was sent, so it lands mid-run on any machine;
+    # the others answer at once
+    probe = (f"if mkdir {started} 2>/dev/null; then "
+             f"while [ ! -e {sent} ]; do sleep 0.01; done; fi; {BAD}")
     proc = subprocess.Popen(
-        ["nohup", sys.executable, "-m", "bisect_tool",
-         *start_argv(repo, state, f"sleep 0.2; {BAD}")],
+        ["nohup", sys.executable, "-m", "bisect_tool", *start_argv(repo, state, probe)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )
-    while not (state / "journal.jsonl").exists():
+    while not started.exists():
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.02)
     proc.send_signal(signal.SIGHUP)
+    sent.touch()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     log = (tmp_path / "nohup.out").read_text() if (tmp_path / "nohup.out").exists() else out
