@@ -221,6 +221,7 @@ def test_ruff_refuses_an_io_import_in_the_core(tmp_path: Path, library: str) -> 
     assert "bisect_tool/run.py" not in done.stdout  # outside the core, I/O is allowed
 
 
+@pytest.mark.slow
 def test_lint_and_types_are_clean() -> None:
     """`make lint` as part of `make test`: ruff over the tree, mypy over bisect_tool and bench."""
     ruff = subprocess.run(

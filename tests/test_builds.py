@@ -311,6 +311,7 @@ def _ends(state: Path) -> int:
 
 
 @pytest.mark.parametrize("prefetch", [None, 2], ids=["default", "prefetch-2"])
+@pytest.mark.slow
 def test_demo_op_builds_at_most_runs_plus_k_and_none_after_the_answer(
     history: DemoHistory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefetch: int | None
 ) -> None:

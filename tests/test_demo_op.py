@@ -342,6 +342,7 @@ def completed_demo_op_recipe(path: Path, cache_dir: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_bisect_start_with_the_demo_op_recipe_finds_the_planted_fix(
     history: DemoHistory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str]

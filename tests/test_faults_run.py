@@ -153,6 +153,7 @@ def _max_rss_kib(repo: Repo, state: Path, command: str) -> int:
     return usage.ru_maxrss
 
 
+@pytest.mark.slow
 def test_probe_printing_100_mb_keeps_a_bounded_tail_and_logs_it_all(
     repo: Repo, tmp_path: Path
 ) -> None:

@@ -40,6 +40,7 @@ def _start_cmd(repo: Repo, state: Path, command: str) -> list[str]:
             "--repo", str(repo.path), "--state-dir", str(state), "-q", "--run", command]
 
 
+@pytest.mark.slow
 def test_two_concurrent_starts_on_one_clone(repo: Repo, tmp_path: Path) -> None:
     for pair in range(3):
         runs = [subprocess.Popen(_start_cmd(repo, tmp_path / f"st-{pair}-{i}", BAD),
@@ -52,6 +53,7 @@ def test_two_concurrent_starts_on_one_clone(repo: Repo, tmp_path: Path) -> None:
     assert len(repo.worktrees()) == 1 and entries(repo) == []
 
 
+@pytest.mark.slow
 def test_worktrees_of_threads_and_runs_never_collide(repo: Repo) -> None:
     # git's add/remove race on the shared .git/worktrees: remove deletes it when empty while
     # another add creates its entry there, and both read each other's half-made entries

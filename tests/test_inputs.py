@@ -504,6 +504,7 @@ def foreign_python3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return bin_dir / "python3"
 
 
+@pytest.mark.slow
 def test_demo_build_lifetime_and_op_check_run_under_the_tools_own_interpreter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, foreign_python3: Path
 ) -> None:

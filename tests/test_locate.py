@@ -81,7 +81,9 @@ def test_every_cell_runs_before_any_answer() -> None:
 @pytest.mark.parametrize(
     "truth,p,trials,least",
     [(Explanation.COMPILED, 1.0, 50, 50), (Explanation.PYTHON, 1.0, 50, 50),
-     (Explanation.COMPILED, 0.5, 200, 196), (Explanation.PYTHON, 0.5, 200, 196)],
+     # 200 simulated runs each: in `make test`, not the fast tier
+     pytest.param(Explanation.COMPILED, 0.5, 200, 196, marks=pytest.mark.slow),
+     pytest.param(Explanation.PYTHON, 0.5, 200, 196, marks=pytest.mark.slow)],
 )
 def test_simulated_runs_name_the_side_that_carries_it(
     truth: Explanation, p: float, trials: int, least: int

@@ -130,6 +130,7 @@ def test_plan_json_says_the_same_for_machines(
     assert {c["name"] for c in plan["environment"]} >= {"interpreter", "pinned stack"}
 
 
+@pytest.mark.slow
 def test_plan_of_the_demo_op_recipe_expects_what_a_run_spends(
     tmp_path: Path, history: DemoHistory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,6 +223,7 @@ def test_a_random_checkpoint_without_torch_is_refused_before_the_journal(
     assert code == 0 and out.startswith("next: "), err
 
 
+@pytest.mark.slow
 def test_a_start_whose_builds_all_fail_says_why_and_blocks_no_next_start(
     tmp_path: Path, history: DemoHistory
 ) -> None:

@@ -39,6 +39,7 @@ def probe_argv(demo: tuple[DemoHistory, Path], ref: str, *extra: str) -> list[st
             *extra]
 
 
+@pytest.mark.slow
 def test_pre_fix_commit_prints_one_table_per_lifetime(
     demo: tuple[DemoHistory, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -53,6 +54,7 @@ def test_pre_fix_commit_prints_one_table_per_lifetime(
     assert f"\n{verdict}: " in out and f"({history.bad_tag}): 2 lifetimes" in out
 
 
+@pytest.mark.slow
 def test_controls_on_the_fixed_commit_print_both(
     demo: tuple[DemoHistory, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -68,6 +70,7 @@ def test_controls_on_the_fixed_commit_print_both(
     assert code in (0, 2)
 
 
+@pytest.mark.slow
 def test_json_names_the_commit_and_each_lifetime(
     demo: tuple[DemoHistory, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -167,6 +167,7 @@ def test_deterministic_bug_costs_about_what_classic_bisection_costs() -> None:
     assert np.mean(costs) <= 1.2 * classic, costs
 
 
+@pytest.mark.slow
 def test_reported_confidence_matches_observed_accuracy() -> None:
     """Calibration: over many simulated searches at N = 32, the share of right answers is at
     least the confidence reported at the stop, less a tolerance for the sample size."""

@@ -366,6 +366,7 @@ def test_a_bracketed_flip_short_of_the_threshold_runs_a_neighbour_not_the_lifeti
     assert narrow.top_block()[0] == (12,) and narrow.done()
 
 
+@pytest.mark.slow
 def test_the_fast_probe_hands_every_flip_of_a_short_range_to_the_confirm_step(
     tmp_path: Path,
 ) -> None:
