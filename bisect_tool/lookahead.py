@@ -130,8 +130,12 @@ def lookahead(
     within: tuple[int, int] | None,
 ) -> list[int]:
     """The positions to fetch while ``batch`` runs: at most K (``depth``), at the strategy's
-    current costs (the run's measured ones); none when K is 0."""
+    current costs (the run's measured ones); none when K is 0, and none for a run that fetches
+    nothing (no ``[artifacts]``: ``--run`` or manual; a command probe), which would only pay for
+    the picks (a copy of the search per outcome, every step)."""
     artifacts = recipe.get("artifacts") or {}
+    if not artifacts or (recipe.get("probe") or {}).get("kind") == ProbeKind.RUN:
+        return []
     k = depth(int(artifacts.get("prefetch", CHOSEN_BY_RUN)), build_facts(recipe, tier),
               strategy.costs)
     if k <= 0 or not batch:
