@@ -2,16 +2,29 @@
 
 The CLI's imports take ~0.4 s (click, gitpython, numpy...). A Ctrl-C in that time must end like
 any later one, one line and exit 130, not a KeyboardInterrupt traceback (issue 30); nothing has
-been written yet then.
+been written yet then. It is held while they run and acted on when they are done: raised there,
+a KeyboardInterrupt can land in one of the import system's own callbacks, where Python prints
+it and goes on ("Exception ignored in ... _get_module_lock"), and the Ctrl-C would be lost.
 """
 
+import signal
 import sys
 
 
 def main() -> None:
+    pressed: list[int] = []
+    # only Python's own Ctrl-C handling is held back (an ignored SIGINT stays ignored)
+    hold = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if hold:
+        signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
     try:
         from bisect_tool.cli import main as cli_main
     except KeyboardInterrupt:
+        pressed.append(signal.SIGINT)
+    finally:
+        if hold:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
         sys.stderr.write("bisect: interrupted before it started; nothing was written\n")
         sys.exit(130)
     cli_main()
