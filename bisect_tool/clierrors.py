@@ -1,6 +1,6 @@
 """How every entry point of the command line reports a failure: one line, ``bisect: <what>``,
 and the failure's own exit code (``bisect_tool.errors``), never a traceback; click's own errors
-as click shows them. Imports click and the standard library only (``python -m
+as click shows them. Imports click, the standard library and ``errors`` only (``python -m
 bisect_tool.probes`` uses it on a GPU machine)."""
 
 from __future__ import annotations
