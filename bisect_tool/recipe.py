@@ -82,7 +82,9 @@ class RuntimeSettings:
     # calls; an op the workload does call and the gate skipped fails its lifetime instead.
     gate_ops: tuple[str, ...] = ()
     # lifetimes that may share one GPU at once (each server then needs its own share of the
-    # memory: --gpu-memory-utilization in server_args)
+    # memory: --gpu-memory-utilization in server_args). They boot and are torn down one at a
+    # time unless server_args fix the KV cache's size (--kv-cache-memory-bytes), which spares
+    # vLLM its free-memory profile (bisect_tool/runtime/gpus.py)
     lifetimes_per_gpu: int = 1
     shm_size: str = "8g"
     # docker: how a container gets its GPU: "toolkit" (a device request; needs the NVIDIA
