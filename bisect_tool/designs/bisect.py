@@ -17,7 +17,7 @@ from typing import Any
 
 from bisect_tool import entries, lookahead
 from bisect_tool.designs import Finish, Item, Record, Step, Work, controls_item
-from bisect_tool.ends import good_end_not_good
+from bisect_tool.ends import SUSPECT_LIFETIMES_FACTOR, good_end_not_good
 from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.recipe import SearchSettings
@@ -158,6 +158,12 @@ class BisectDesign:
             if tier is Tier.NARROW or decision.within is not None:
                 return _switch(Phase.FAITHFUL, f"the tiered search cannot go on ({exc}); going "
                                                "on with lifetimes over the whole range")
+            _, good = strategy.effective_ends()
+            if good is not None and strategy.counts.divergent[good]:
+                # nothing left to run, and the good end showed the bug: that, not an untestable
+                # range, is why no flip holds the confidence
+                return Finish(EndState.ENDS_CONTRADICT, ends_contradict_message(
+                    state, "good", strategy, good_end_not_good(strategy)))
             return Finish(EndState.NO_CANDIDATE, str(exc))
         items: list[Item] = []
         events: list[Event] = []
@@ -188,7 +194,7 @@ class BisectDesign:
         if decision.tier is not Tier.FAITHFUL or decision.within is not None:
             return None
         _, good = s.effective_ends()
-        if good is None or s.counts.total[good] >= self.state.settings.max_end_lifetimes:
+        if good is None or s.counts.total[good] >= _suspect_lifetimes(self.state.settings):
             return None
         not_good = good_end_not_good(s)
         return good if not_good > 1 - s.stop_threshold() else None
@@ -390,7 +396,10 @@ def _stop_reason(
     if contradicted is not None:
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
     not_good = good_end_not_good(s) if s is state.strategy else 0.0
-    if not_good >= s.stop_threshold():
+    tested = counts.total[good] >= _suspect_lifetimes(settings)
+    if not_good >= s.stop_threshold() or (tested and not_good > 1 - s.stop_threshold()):
+        # it is not a good end, or after all the lifetimes it gets it cannot be told from one
+        # at the asked confidence: either way no flip can be named
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, "good", s, not_good)
     done = s.done() and s.top_block()[1] * (1 - not_good) >= s.stop_threshold()
     if counts.total[bad] and counts.total[good] and done and s.bug_shown():
@@ -398,6 +407,11 @@ def _stop_reason(
     if spent >= settings.max_evaluations:
         return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"
     return None
+
+
+def _suspect_lifetimes(settings: SearchSettings) -> int:
+    """How many lifetimes a good end that showed the bug gets before its doubt stands."""
+    return SUSPECT_LIFETIMES_FACTOR * settings.max_end_lifetimes
 
 
 def ends_contradict_message(
@@ -415,8 +429,13 @@ def ends_contradict_message(
     beyond, not_bad = s.end_doubts()
     if end == "good":
         older = "older" if state.direction is Direction.REGRESSION else "newer"
-        why = (f"P = {not_good:.3f} that it is not a good end, more than a false alarm explains"
-               if not_good else f"P = {beyond:.3f} that the flip lies beyond it")
+        if not_good >= s.stop_threshold():
+            why = f"P = {not_good:.3f} that it is not a good end, more than a false alarm explains"
+        elif not_good:
+            why = (f"P = {not_good:.3f} that it is not a good end: its own lifetimes cannot tell "
+                   "a false alarm from a good end that is not good")
+        else:
+            why = f"P = {beyond:.3f} that the flip lies beyond it"
         return (
             f"the good end {sha} shows the bug ({d} of {t} lifetimes divergent; {why}): give an "
             f"{older} --good, or check that the probe can pass at all (a missing file or a "
