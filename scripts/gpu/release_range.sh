@@ -27,7 +27,8 @@
 #             Each: `bisect start`, or `bisect resume` when its journal exists; bounded by
 #             DEADLINE_S (SIGTERM: the run journals and stops), resumed by the next call. The
 #             seconds of every call are appended to $DEV/times-MODE.tsv and summed.
-#   report    report.md/.json, journals, status, timings and logs of both runs -> $OUT
+#   report    the journals of both runs -> $OUT/journal-MODE.jsonl; their reports (md, json),
+#             status, timings and logs -> $OUT/record.tgz
 #
 # Env: DEV (/tmp/dev), CARRY (.devcarry), OUT, DEADLINE_S (540), GOOD (0.28.0), BAD (0.22.0),
 # GATE_OPS (unset: the full gate; a space-separated op list limits it, as release_proof's locate),
@@ -328,19 +329,22 @@ total() {  # MODE: the seconds of every call of this run so far
 }
 
 step_report() {
-  local mode sd
+  # A call brings back at most 8 files: the journals apart (bench/gpu_record.py reads them),
+  # everything else in one archive.
+  local mode sd rec=$DEV/record
+  rm -rf "$rec" && mkdir -p "$rec"
   for mode in tiered nonarrow; do
     sd=$DEV/state-$mode
     [ -f "$sd/journal.jsonl" ] || { log "report: $mode has no journal"; continue; }
-    "$PY" -m bisect_tool report --state-dir "$sd" -o "$OUT/report-$mode.md" || true
-    "$PY" -m bisect_tool report --state-dir "$sd" --format json -o "$OUT/report-$mode.json" || true
-    "$PY" -m bisect_tool status --json --state-dir "$sd" >"$OUT/status-$mode.json" || true
+    "$PY" -m bisect_tool report --state-dir "$sd" -o "$rec/report-$mode.md" || true
+    "$PY" -m bisect_tool report --state-dir "$sd" --format json -o "$rec/report-$mode.json" || true
+    "$PY" -m bisect_tool status --json --state-dir "$sd" >"$rec/status-$mode.json" || true
     cp "$sd/journal.jsonl" "$OUT/journal-$mode.jsonl"
-    cp "$DEV/times-$mode.tsv" "$OUT/times-$mode.tsv" 2>/dev/null || true
+    cp "$DEV/times-$mode.tsv" "$rec/times-$mode.tsv" 2>/dev/null || true
+    mkdir -p "$rec/logs-$mode" && cp -r "$sd/logs/." "$rec/logs-$mode/" 2>/dev/null || true
     log "report: $mode $(total "$mode")"
   done
-  # one archive for the logs: a call brings back a bounded number of files
-  tar -C "$DEV" -czf "$OUT/logs.tgz" --ignore-failed-read state-tiered/logs state-nonarrow/logs 2>/dev/null || true
+  tar -C "$rec" -czf "$OUT/record.tgz" .
 }
 
 for step in "$@"; do
