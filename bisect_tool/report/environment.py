@@ -19,7 +19,8 @@ NOT_RECORDED = "not recorded by this run"
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, Mapping) and prefix != "weights":
+    # kept whole: how the checkpoint was made, and a Python side's files by their hashes
+    if isinstance(value, Mapping) and prefix != "weights" and not prefix.endswith(".files"):
         for k, v in value.items():
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
     elif isinstance(value, list | tuple):
@@ -80,7 +81,10 @@ def block(env: Mapping[str, Any], recipe: Mapping[str, Any],
         rows.append(("GPU", f"{env['gpu']}" + (f" (compute capability {cc})" if cc else "")))
     for key, label in _ROWS:
         if env.get(key):
-            rows.append((label, str(env[key])))
+            # the interpreter's version, not its path on the machine that ran it (the JSON
+            # keeps both)
+            value = str(env[key]).split(" (/", 1)[0] if key == "python" else str(env[key])
+            rows.append((label, value))
     package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
     if env.get("pinned_version"):
         rows.append((f"{package} (the pinned Python side)", str(env["pinned_version"])))

@@ -130,6 +130,8 @@ def build_report(
     differences = environment.differences(env, recipe, reported)
     weights = reproduce.weights(recipe, env)
     flip_pair = _flip_pair(answer, tested)
+    command = reproduce.command(header.get("command"), recipe, bundled_recipe)
+    demo = command is not None and command.startswith("bisect demo")  # it makes its own recipe
     return {
         "report_version": REPORT_VERSION,
         "kind": "bisect",
@@ -165,16 +167,17 @@ def build_report(
         "commits": [{k: c[k] for k in ("sha", "short", "name", "subject", "pr")}
                     for c in commits],
         "reproduce": {
-            "command": reproduce.command(header.get("command"), recipe, bundled_recipe),
+            "command": command,
             "recipe_file": reproduce.recipe_arg(recipe, bundled_recipe),
             "recipe_name": recipe.get("name"),
-            "changes": reproduce.changes(recipe, bundled_recipe)[0],
-            "left_out": reproduce.changes(recipe, bundled_recipe)[1],
+            "changes": [] if demo else reproduce.changes(recipe, bundled_recipe)[0],
+            "left_out": [] if demo else reproduce.changes(recipe, bundled_recipe)[1],
             "pinned": ({"package": package, "version": pinned, "name": python_side}
                        if pinned else None),
             "weights": weights,
             "swap": reproduce.swap(recipe, flip_pair, repo_url),
-            "lifetime": reproduce.lifetime(recipe, weights["dir"] if weights else None),
+            "lifetime": None if demo else reproduce.lifetime(recipe,
+                                                             weights["dir"] if weights else None),
         },
         "run_command": header.get("run_command") or None,
         "plot": None,

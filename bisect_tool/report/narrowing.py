@@ -129,6 +129,8 @@ def narrowing(
         "stand_in_probability": num(state_tiers.get("stand_in_probability")),
         "sides": sides,
         "fell_back": plain(fell_back) if fell_back else None,
+        "phases": [{"phase": str(e.get("phase")), "message": str(e.get("message") or "")}
+                   for e in contents.of_type("phase")],
         "rows": [rows[i] for i in sorted(rows)],
         # what the gate compared: the recipe's gate_ops, else every op the pinned file has
         "gate_compared": [str(o) for o in runtime.get("gate_ops") or ()] or None,
