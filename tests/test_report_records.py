@@ -85,3 +85,38 @@ def test_each_report_is_markdown_a_maintainer_can_paste(journal: Path) -> None:
         assert local not in text, local
     assert not re.search(r"\(0,1\) \(0,2\)", text)  # repeat pairs summarised
     assert "0+unknown" not in text
+
+
+# (document, what it says, report, what the report says): the prose and the regenerated reports
+# tell one story (issue 32: the README said locate was undecided at 70.8 % after the decided run)
+AGREE = [
+    ("docs/h200/releases/README.md", "**first good release v0.27.0, 99.6 %**",
+     "docs/h200/releases/report.md", "**99.6%** that this is the first good release"),
+    ("docs/h200/releases/README.md", "the server lifetimes alone give 97.7 %",
+     "docs/h200/releases/report.md", "97.7% from the server lifetimes alone"),
+    ("docs/h200/releases/README.md", "it would give that 10.3 % of the time",
+     "docs/h200/releases/report.md", "1 clean lifetime would happen 10.3% of the time"),
+    ("docs/h200/releases/README.md", "carries the change: 99.5 %**",
+     "docs/h200/releases/locate-fa3-pinned.report.md", "carries the change** — **99.5%**"),
+    ("docs/h200/releases/README.md", "stopped at **compiled side 70.8 %**",
+     "docs/h200/releases/locate.report.md", "## Locate: not decided (the compiled side "
+     "carries the change: 70.8%)"),
+    ("README.md", "the compiled side carries the change at 99.5 %",
+     "docs/h200/releases/locate-fa3-pinned.report.md", "**99.5%**"),
+    ("README.md", "first good release 0.27.0 at 99.6 %",
+     "docs/h200/releases/report.md", "**99.6%**"),
+    ("docs/real-gpu.md", "Its confidence is now 99.4%",
+     "docs/h200/report.md", "**99.4%** that this is the first good release"),
+    ("docs/real-gpu.md", "at 99.6%, of which the lifetimes alone give 97.7%",
+     "docs/h200/releases/report.md", "97.7% from the server lifetimes alone, 99.6% with"),
+    ("docs/real-gpu.md", "**first good release v0.27.0 at 99.8%**",
+     "docs/h200/2026-12-03/report.md", "**99.8%** that this is the first good release"),
+]
+
+
+@pytest.mark.parametrize(("doc", "says", "report", "shows"), AGREE,
+                         ids=[f"{a[0]}:{a[1][:30]}" for a in AGREE])
+def test_the_docs_say_what_the_reports_show(doc: str, says: str, report: str,
+                                            shows: str) -> None:
+    assert says in " ".join((ROOT / doc).read_text().split()), (doc, says)
+    assert shows in (ROOT / report).read_text(), (report, shows)
