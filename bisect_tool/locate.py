@@ -377,7 +377,8 @@ def render(outcome: LocateOutcome) -> str:
     lines += ["", "posterior of each explanation (p and q integrated out):"]
     for e, prob in sorted(f.posterior.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {str(e):<12} {prob:8.4f}  {MEANING[e]}")
-    lines += ["", outcome.next_step]
+    lines += ["", outcome.next_step,
+              f"the full report: bisect report --journal {shlex.quote(str(outcome.journal))}"]
     return "\n".join(lines)
 
 

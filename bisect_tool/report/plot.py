@@ -128,7 +128,7 @@ def plot_posterior(report: Mapping[str, Any], path: Path) -> Path | None:
     ticks = list(range(0, n, step))
     bottom.set_xticks(ticks)
     bottom.set_xticklabels([names[i] for i in ticks], rotation=60, ha="right", fontsize=7)
-    bottom.legend(loc="upper right", fontsize=7)
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)  # clear of the marks
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
