@@ -81,10 +81,9 @@ def block(env: Mapping[str, Any], recipe: Mapping[str, Any],
         rows.append(("GPU", f"{env['gpu']}" + (f" (compute capability {cc})" if cc else "")))
     for key, label in _ROWS:
         if env.get(key):
-            # the interpreter's version, not its path on the machine that ran it (the JSON
-            # keeps both)
-            value = str(env[key]).split(" (/", 1)[0] if key == "python" else str(env[key])
-            rows.append((label, value))
+            # Python: its version and which interpreter ran the lifetimes (the recipe's, or
+            # the tool's own), as recorded
+            rows.append((label, str(env[key])))
     package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
     if env.get("pinned_version"):
         rows.append((f"{package} (the pinned Python side)", str(env["pinned_version"])))
