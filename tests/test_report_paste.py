@@ -392,3 +392,15 @@ def test_an_end_that_could_not_run_is_named_as_the_report_names_it() -> None:
     first = report_of(path).split("\n\n")[1]
     assert first == ("**An end is untestable**: the bad end v0.24.0 is untestable and so is "
                      "every candidate next to it; pick another --bad.")
+
+
+def test_messages_shown_name_no_folder_of_the_machine_that_ran() -> None:
+    """A build's failure names its log under the state dir; the report names it as the state
+    dir does, and a URL stays whole."""
+    from bisect_tool.report.names import no_local_paths
+
+    assert no_local_paths("build failed (exit 1); log /tmp/p/demo/state/logs/build-ab12.log") \
+        == "build failed (exit 1); log logs/build-ab12.log"
+    assert no_local_paths("no local path /home/me/y.so; 404 https://wheels.vllm.ai/abc/") \
+        == "no local path y.so; 404 https://wheels.vllm.ai/abc/"
+    assert no_local_paths("16/16 rows, h4096") == "16/16 rows, h4096"

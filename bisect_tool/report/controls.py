@@ -9,7 +9,7 @@ from typing import Any
 
 from bisect_tool.cause import one_line
 from bisect_tool.journal import JournalContents
-from bisect_tool.report.names import name, rename, short_ref
+from bisect_tool.report.names import name, no_local_paths, rename, short_ref
 
 
 def _seen(side: Mapping[str, Any], commits: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def _seen(side: Mapping[str, Any], commits: Sequence[Mapping[str, Any]]) -> dict
         "first_token_difference": d.get("first_token_divergence_position"),
         "tokens_moved": d.get("tokens_moved"),
         # why it could not run, in one line (the message keeps the log tail in the JSON)
-        "message": rename(one_line(str(side.get("message") or "")), commits),
+        "message": no_local_paths(rename(one_line(str(side.get("message") or "")), commits)),
     }
     return out
 
@@ -52,7 +52,7 @@ def controls(contents: JournalContents, commits: Sequence[Mapping[str, Any]],
     return {
         "ok": bool(last.get("ok", positive["verdict"] == "DIVERGENT"
                             and negative["verdict"] == "CLEAN")),
-        "problem": rename(one_line(str(last.get("problem") or "")), commits),
+        "problem": no_local_paths(rename(one_line(str(last.get("problem") or "")), commits)),
         "candidate": name(by_sha[sha]) if sha in by_sha else short_ref(sha),
         "python_side": python_side,
         "switch": switch,
@@ -66,6 +66,7 @@ def controls(contents: JournalContents, commits: Sequence[Mapping[str, Any]],
         "negative_clean": negative["verdict"] == "CLEAN",
         "refused": [{"candidate": name(by_sha[str(e.get("commit"))])
                      if str(e.get("commit")) in by_sha else short_ref(str(e.get("commit"))),
-                     "why": rename(one_line(str(e.get("problem") or "")), commits)}
+                     "why": no_local_paths(rename(one_line(str(e.get("problem") or "")),
+                                                  commits))}
                     for e in refused],
     }

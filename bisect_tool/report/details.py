@@ -164,7 +164,7 @@ def narrowing_section(report: Mapping[str, Any]) -> list[str]:
         gate = r["gate"]
         said = "-" if gate is None else "loads it" if gate == "ok" else (
             f"rejects it: {_gate_words(gate)}")
-        rows.append([ref(r), str(r["runs"]), r["verdict"], esc(r["saw"][:160]), said])
+        rows.append([ref(r), str(r["runs"]), r["verdict"], esc(r["saw"]), said])
     lines += table([noun.capitalize(), "Runs", "Op check", "What it saw", pinned], rows, "lrll")
     compared = t.get("gate_compared")
     what = (f"the ops in `[runtime] gate_ops` ({', '.join(code(o) for o in compared)})"

@@ -9,7 +9,14 @@ from typing import Any
 
 from bisect_tool.cause import one_line
 from bisect_tool.journal import JournalContents
-from bisect_tool.report.names import index_of, lifetime_number, name, rename, short_ref
+from bisect_tool.report.names import (
+    index_of,
+    lifetime_number,
+    name,
+    no_local_paths,
+    rename,
+    short_ref,
+)
 from bisect_tool.values import Verdict
 from bisect_tool.verdict import aggregate
 
@@ -23,7 +30,7 @@ DELTA_SCOPE = "up_to_first_token_divergence"
 def why(message: str, commits: Sequence[Mapping[str, Any]]) -> str:
     """Why something could not run, in one line, candidates spelled as the report spells them
     and without the lifetime's id (the row or the note names the lifetime)."""
-    return rename(re.sub(r"^lifetime \S+: ", "", one_line(message)), commits)
+    return no_local_paths(rename(re.sub(r"^lifetime \S+: ", "", one_line(message)), commits))
 
 
 def quiet_log(text: str) -> str:

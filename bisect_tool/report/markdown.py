@@ -105,8 +105,8 @@ def _state_lines(report: Mapping[str, Any]) -> list[str]:
         return [f"**An end is not what it was said to be**{reason}. No {a['noun']} is named."]
     if state == "controls_failed":
         problem = (report.get("controls") or {}).get("problem") or "a control did not hold"
-        return [f"**Controls failed**: {esc(problem)}. CLEAN results are not trusted, so no "
-                f"{a['noun']} is named."]
+        return [f"**Controls failed**: {esc(problem.rstrip('.'))}. CLEAN results are not "
+                f"trusted, so no {a['noun']} is named."]
     if state == "end_untestable":
         return [f"**An end is untestable**{reason}."]
     words = {"budget_exhausted": "Inconclusive: budget exhausted",

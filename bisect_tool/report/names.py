@@ -133,3 +133,22 @@ def rename(text: str, commits: Sequence[Mapping[str, Any]]) -> str:
             if len(spelled) >= SHORT:
                 text = re.sub(rf"(?<![\w.-]){re.escape(spelled)}(?![\w.-]|-\d)", tag, text)
     return text
+
+
+_ABSOLUTE = re.compile(
+    r"(?<![\w.~:/])/(?:tmp|home|root|work|opt|usr|var|mnt|data|srv|scratch|Users|private)"
+    r"(?:/[^\s:;,'\"()\[\]]*)+")
+
+
+def no_local_paths(text: str) -> str:
+    """A journaled message without the paths of the machine that ran it: a lifetime's or a
+    build's log as the state dir names it (``logs/build-ab12.log``), any other path by its
+    last part (issue 32: a report names no temp folder)."""
+
+    def short(match: re.Match[str]) -> str:
+        path = match.group(0)
+        if "/logs/" in path:
+            return "logs/" + path.rsplit("/logs/", 1)[1]
+        return path.rstrip("/").rsplit("/", 1)[-1] or path
+
+    return _ABSOLUTE.sub(short, text)

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bisect_tool.journal import JournalContents
+from bisect_tool.report.evidence import why
 from bisect_tool.report.names import index_of, name, num, rename, short_ref
 
 _FIRST_OP = re.compile(r"(?:op (\S+) changed|candidate lacks op (\S+))")
@@ -92,7 +93,7 @@ def narrowing(
         row["runs"] += 1
         row["divergent" if verdict == "divergent" else "clean" if verdict == "clean"
             else "untestable"] += 1
-        row["saw"] = str(obs.get("message") or "")
+        row["saw"] = why(str(obs.get("message") or ""), commits)
         detail = obs.get("detail")
         if isinstance(detail, Mapping) and detail.get("gate") is not None:
             gate = rename(str(detail["gate"]), commits)
