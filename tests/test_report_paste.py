@@ -156,6 +156,10 @@ def test_reproduce_makes_the_random_checkpoint_and_swaps_each_file_with_no_local
             "batch-invariance-h200.toml\n") in fences
     for local in ("/tmp/", "/work/", "--state-dir", " -v"):
         assert local not in sh, local
+    # the recipe's changes, a URL kept, the machine's own folders left out by name
+    toml = next(t.content for t in MarkdownIt("commonmark").parse(md) if t.info == "toml")
+    assert 'index_url = "https://pypi.org/simple"' in toml and "pinned_package_dir" not in toml
+    assert "Left out, as they name the run's own folders: `runtime.pinned_package_dir`." in md
     # the journal says 0+unknown (a source tree, before the version came from pyproject.toml)
     assert "bisect, version not recorded" in md and "0+unknown" not in md
 

@@ -16,8 +16,9 @@ from typing import Any
 _DROP_WITH_VALUE = ("--state-dir", "--repo", "--good-python", "--bad-python", "--cache-dir",
                     "--python")
 _DROP = ("-v", "--verbose", "-q", "--quiet", "--json")
-#: a recipe value that is a path on the machine that ran it
-_LOCAL = re.compile(r"(^|[:\s\"'=])(/|~/)")
+#: a recipe string that is a path on the machine that ran it ("/tmp/dev/site", "~/x",
+#: "random:/work/cfg"); a URL ("https://...") is not
+_LOCAL = re.compile(r"^(?:[a-z]+:)?(?:/(?!/)|~/)")
 _BUNDLED_MODELS = re.compile(r"(?:^|/)bisect_tool/recipes/(models/[^/]+)/?$")
 _SECTIONS = ("range", "artifacts", "runtime", "probe", "search")
 MODEL_DIR = "{name}-random"
@@ -81,8 +82,17 @@ def _portable(section: str, key: str, value: Any) -> tuple[Any, bool]:
         found = _BUNDLED_MODELS.search(spec[-1])
         if found:  # the bundled config, named as the bundled recipe names it
             return (f"{spec[0]}:{found.group(1)}" if len(spec) == 2 else found.group(1)), False
-    text = json.dumps(value)
-    return value, bool(_LOCAL.search(text))
+    return value, _is_local(value)
+
+
+def _is_local(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(_LOCAL.match(value))
+    if isinstance(value, Mapping):
+        return any(_is_local(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_is_local(v) for v in value)
+    return False
 
 
 def changes(recipe: Mapping[str, Any], bundled: Mapping[str, Any] | None
