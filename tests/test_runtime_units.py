@@ -54,6 +54,22 @@ def test_missing_and_changed_ops_are_named() -> None:
     ]
 
 
+def test_the_gates_verdict_names_every_rejected_op() -> None:
+    """Issue 32, item 7: the message named the first op and "(and 3 more)"; a maintainer must
+    see which ops the pinned Python could no longer call."""
+    from bisect_tool.errors import IncompatibleExtension
+    from bisect_tool.runtime.schemas import check_pair
+
+    older = {"_C::rms_norm": "_C::rms_norm(Tensor! result, Tensor input, float epsilon) -> ()"}
+    pinned = {**PINNED, "_C::silu_and_mul": "_C::silu_and_mul(Tensor! out, Tensor x) -> ()"}
+    with pytest.raises(IncompatibleExtension) as err:
+        check_pair("vllm/_C.abi3.so", pinned, older, "vllm-0.24.0")
+    message = str(err.value)
+    assert message.startswith("candidate vllm-0.24.0: vllm/_C.abi3.so: candidate lacks op "
+                              "_C::fused_add_rms_norm")
+    assert message.endswith(" (and 2 more: _C::rms_norm, _C::silu_and_mul (missing))")
+
+
 @given(st.dictionaries(st.text("abc:_", min_size=1), st.text("abc(), ", min_size=1), max_size=6))
 def test_every_pinned_op_is_either_matched_or_reported(candidate: dict[str, str]) -> None:
     problems = compare_schemas(PINNED, candidate)
