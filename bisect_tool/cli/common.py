@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -185,7 +186,7 @@ def watching(quiet: bool, verbose: bool) -> Iterator[Observer]:
             yield view
 
 
-def print_outcome(outcome: Outcome) -> None:
+def print_outcome(outcome: Outcome, journal: Path | None = None) -> None:
     summary = outcome.summary
     if outcome.next_candidate is not None:
         nxt = outcome.next_candidate
@@ -205,7 +206,10 @@ def print_outcome(outcome: Outcome) -> None:
             click.echo(f"{word} {noun} could be any of ({summary['confidence']:.1%}):")
             for sha in block:
                 click.echo(f"  {sha}")
-        click.echo("see `bisect report` for the full report", err=True)
+        if journal is None:
+            click.echo("see `bisect report` for the full report", err=True)
+        else:  # replay: the answer is its output, the hint goes with it (issue 32, item 10)
+            click.echo(f"the full report: bisect report --journal {shlex.quote(str(journal))}")
     elif outcome.state is not EndState.RUNNING:
         # A scripted caller must tell "found it" from "stopped without an answer".
         raise NoAnswer(

@@ -115,7 +115,8 @@ def replay_cmd(file: Path, as_json: bool) -> None:
     if not end:
         click.echo(f"running: top {summary['confidence']:.1%} at {summary['flip_block'][0]}")
         return
-    print_outcome(Outcome(end_state(end["state"]), str(end.get("message", "")), summary))
+    print_outcome(Outcome(end_state(end["state"]), str(end.get("message", "")), summary),
+                  journal=file)
 
 
 
@@ -123,15 +124,23 @@ def replay_cmd(file: Path, as_json: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write the PNG here.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=None)
+@click.option("--journal", "journal_file", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Report this journal file (a bisect's or a locate's) instead of the state "
+              "dir's.")
 @repo_option
 @state_option
 def report(
-    fmt: str, plot: Path | None, output: Path | None, repo: Path, state_dir: Path | None
+    fmt: str, plot: Path | None, output: Path | None, journal_file: Path | None, repo: Path,
+    state_dir: Path | None,
 ) -> None:
-    """The report for the issue tracker (Markdown for GitHub, or JSON with the same content)."""
+    """The report for the issue tracker (Markdown for GitHub, or JSON with the same content):
+    the bisect's, else the locate's of the state dir."""
     from bisect_tool.report import render_report
 
-    text = render_report(journal_path(repo, state_dir), fmt, plot)
+    path = journal_file or _report_journal(repo, state_dir)
+    # the plot is linked from where the report is read: beside -o, else the current folder
+    text = render_report(path, fmt, plot, link_from=output.parent if output else Path.cwd())
     if output:
         try:
             output.write_text(text, encoding="utf-8")
@@ -143,3 +152,10 @@ def report(
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)
+
+
+def _report_journal(repo: Path, state_dir: Path | None) -> Path:
+    """The state dir's bisect journal; a dir that holds only a locate's, that one."""
+    path = journal_path(repo, state_dir)
+    locate_path = path.with_name("locate.jsonl")  # bisect_tool.locate.LOCATE_JOURNAL
+    return locate_path if not path.exists() and locate_path.is_file() else path
