@@ -22,9 +22,8 @@ from bisect_tool.cli.probe import probe_commit
 from bisect_tool.cli.reset import reset
 from bisect_tool.cli.show import log, replay_cmd, report, status
 from bisect_tool.cli.start import plan_command, resume, start
-from bisect_tool.clierrors import one_line_errors
 from bisect_tool.demo.cli import demo_command
-from bisect_tool.errors import UsageError, exit_code_table
+from bisect_tool.errors import BisectError, exit_code_table
 from bisect_tool.probes.cli import probe_command, register_commit_prober
 from bisect_tool.runtime.cli import model_group
 from bisect_tool.simulate_cli import simulate_command
@@ -54,16 +53,21 @@ register_commit_prober(probe_commit)
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        with one_line_errors():
-            try:
-                cli.main(args=argv, prog_name="bisect", standalone_mode=False)
-            except click.UsageError as exc:
-                # One line, like every other error: the bad flag and its allowed range.
-                hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
-                raise UsageError(f"{exc.format_message()}{hint}") from None
+        cli.main(args=argv, prog_name="bisect", standalone_mode=False)
+    except BisectError as exc:
+        click.echo(f"bisect: {exc}", err=True)
+        sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("bisect: interrupted; `bisect resume` continues where it stopped", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        # One line, like every other error: the bad flag and its allowed range.
+        hint = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+        click.echo(f"bisect: {exc.format_message()}{hint}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:

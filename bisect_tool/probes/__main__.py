@@ -6,13 +6,23 @@ commands import; this entry point needs only click (and httpx for --server).
 
 from __future__ import annotations
 
-from bisect_tool.clierrors import one_line_errors
+import sys
+
+import click
+
+from bisect_tool.errors import BisectError
 from bisect_tool.probes.cli import probe_command
 
 
 def main(argv: list[str] | None = None) -> None:
-    with one_line_errors():
+    try:
         probe_command.main(args=argv, prog_name="bisect probe", standalone_mode=False)
+    except BisectError as exc:
+        click.echo(f"bisect: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":
