@@ -109,7 +109,10 @@ def test_sighup_is_left_alone_under_nohup(repo: Repo, tmp_path: Path) -> None:
     assert f"first bad commit: {repo.main[FLIP - 1]}" in log
 
 
-@pytest.mark.parametrize("delay", [0.02, 0.05, 0.1, 0.2, 0.35, 0.5])
+# three places in the fast tier, all six in `make test`
+@pytest.mark.parametrize("delay", [0.02, pytest.param(0.05, marks=pytest.mark.slow), 0.1,
+                                   pytest.param(0.2, marks=pytest.mark.slow), 0.35,
+                                   pytest.param(0.5, marks=pytest.mark.slow)])
 def test_ctrl_c_early_in_start_is_one_line_and_a_new_start_works(
     repo: Repo, tmp_path: Path, delay: float
 ) -> None:

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import pytest
 from probe_servers import Behaviour, serve
 
 from bisect_tool.errors import BootFailed
@@ -59,6 +60,7 @@ def test_controls_hold_when_the_switch_exposes_divergence() -> None:
     assert gate(clean, controls) is clean
 
 
+@pytest.mark.slow
 def test_separate_lifetimes_boot_the_negative_control_with_the_recipe_env() -> None:
     log: list[dict[str, str]] = []
     controls = run_controls(factory, booter(True, log), share_lifetime=False)
@@ -66,6 +68,7 @@ def test_separate_lifetimes_boot_the_negative_control_with_the_recipe_env() -> N
     assert log == [{"VLLM_BATCH_INVARIANT": "0"}, {}]
 
 
+@pytest.mark.slow
 def test_positive_control_that_cannot_diverge_blocks_clean() -> None:
     controls = run_controls(factory, booter(False, []))
     assert controls.positive.verdict is Verdict.CLEAN

@@ -157,6 +157,7 @@ def _wait_for(predicate: object, timeout: float = 60.0) -> None:
     raise AssertionError("condition not reached in time")
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_gives_the_uninterrupted_answer(
     tmp_path: Path, repo: Repo, intermittent: tuple[Path, str, str]
 ) -> None:

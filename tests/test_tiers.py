@@ -386,6 +386,7 @@ def test_the_fast_probe_hands_every_flip_of_a_short_range_to_the_confirm_step(
         assert set(faithful.calls) <= {shas[flip - 1], shas[flip]}, flip
 
 
+@pytest.mark.slow
 def test_a_flaky_fast_probe_costs_lifetimes_not_the_answer(tmp_path: Path) -> None:
     """An op check that only shows the bug 60 % of the time brackets a wrong flip; the
     confirm step's lifetimes catch it and the answer is still the bug's flip."""
