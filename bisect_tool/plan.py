@@ -159,7 +159,7 @@ def _one_run(
 
     state = session.replay(JournalContents(dict(header), ()))
     n = len(state.candidates) - 1
-    flip = int(rng.integers(1, n + 1))  # the hypotheses f = 1..n (strategy.py)
+    flip = int(rng.integers(1, n + 1))  # the hypotheses f = 1..n (bisect_tool.strategy)
     regression = state.direction is Direction.REGRESSION
 
     def bad(position: int) -> bool:
@@ -188,7 +188,7 @@ def _one_run(
 
     with contextlib.suppress(_Capped):
         drive(BisectDesign(state, slots=slots), evaluate)
-    block, _ = state.strategy.top_block()
+    block = state.strategy.summary().block
     return counts[Tier.NARROW], counts[Tier.FAITHFUL], frozenset(ran), flip in block
 
 

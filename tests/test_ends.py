@@ -63,10 +63,11 @@ def test_two_candidates_confidence_is_not_certainty_before_the_good_end_earned_i
     for _ in range(3):
         s.record(0, True)
     s.record(1, False)
-    beyond, _ = s.end_doubts()
-    assert 0.001 < beyond < 0.05
-    assert s.summary().confidence == pytest.approx(1 - sum(s.end_doubts()))
-    assert not s.done()  # it keeps testing the good end
+    summary = s.summary()
+    assert 0.001 < summary.good_end_doubt < 0.05
+    assert summary.confidence == pytest.approx(
+        1 - summary.good_end_doubt - summary.bad_end_doubt)
+    assert not summary.done  # it keeps testing the good end
     assert s.select().position == 1
 
 
@@ -140,9 +141,9 @@ def test_the_doubt_shows_in_the_confidence_while_the_good_end_is_suspect() -> No
         s.record(i, True)
     for i in range(1, 20):
         s.record(i, False)
-    assert good_end_not_good(s) == 0.0  # never ran the good end: no such doubt
+    assert good_end_not_good(s.summary()) == 0.0  # never ran the good end: no such doubt
     s.record(0, True)  # its one lifetime diverged, as every bad-side one did
-    assert good_end_not_good(s) > 0.5
+    assert good_end_not_good(s.summary()) > 0.5
     for _ in range(3):
         s.record(0, False)  # the bad side never runs clean: these say "a false alarm"
-    assert good_end_not_good(s) < 0.005
+    assert good_end_not_good(s.summary()) < 0.005

@@ -22,7 +22,7 @@ from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.recipe import SearchSettings
 from bisect_tool.session import State, narrow_kind, observation_entry
-from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft
+from bisect_tool.strategy import Choice, NoCandidateLeft, Summary
 from bisect_tool.tiers import NARROW_END_RUNS, Phase, Tier, confirm_sides, disagreement
 from bisect_tool.values import Direction, Observation, Verdict, short
 from bisect_tool.verdict import EndState, controls_problem
@@ -76,7 +76,7 @@ class BisectDesign:
             # Before the first lifetime counts: the controls, on the good end or, where the
             # pinned stack cannot run it, the nearest testable candidate toward the bad end. A
             # tiered run narrows first, so its fast probe gates the ends before this.
-            _, good = state.strategy.effective_ends()
+            _, good = state.strategy.summary().ends
             if good is None:
                 return Finish(EndState.END_UNTESTABLE, (
                     "no candidate at the good end can run the controls: "
@@ -100,13 +100,12 @@ class BisectDesign:
         return end_entry(self.state, finish.state, finish.message)
 
     def progress(self, item: Item) -> Event | None:
-        s = self.state.strategy_for(item.key[1])
-        block, mass = s.top_block()
+        s = self.state.strategy_for(item.key[1]).summary()
         return PosteriorMoved(
             len(self.state.seen_lifetimes),
-            len(s.credible_set(0.99)),
-            self.state.candidates[block[0]].sha,
-            mass,
+            s.candidates_left,
+            self.state.candidates[s.block[0]].sha,
+            s.confidence,
         )
 
     # -- lifetimes --------------------------------------------------------------------------
@@ -116,7 +115,7 @@ class BisectDesign:
         slots = self.slots if slots is None else slots
         strategy = state.strategy_for(tier)
         # the run's own costs, as measured so far (the recipe's until then)
-        strategy.costs = state.measured_costs(tier)
+        strategy.set_costs(state.measured_costs(tier))
         suspect = self._suspect_good_end(decision)
         try:
             batch = ([Choice(suspect, slots, "the good end showed the bug: a false alarm, "
@@ -152,27 +151,26 @@ class BisectDesign:
         """The good end, while the chance that it is not a good end (it showed the bug) keeps the
         answer below the asked confidence: more of its own lifetimes tell a false alarm from a
         good end that is not good; after as many as the bad end gets, the doubt stays shown."""
-        s = self.state.strategy
+        s = self.state.strategy.summary()
         if decision.tier is not Tier.FAITHFUL or decision.within is not None:
             return None
-        _, good = s.effective_ends()
-        if good is None or s.counts.total[good] >= self.state.settings.max_end_lifetimes:
+        _, good = s.ends
+        if good is None or s.total[good] >= self.state.settings.max_end_lifetimes:
             return None
         not_good = good_end_not_good(s)
-        return good if not_good > 1 - s.stop_threshold() else None
+        return good if not_good > 1 - s.threshold else None
 
     def _chosen(self, tier: Tier, candidate: Candidate, reason: str, lifetimes: int) -> Event:
-        s = self.state.strategy_for(tier)
-        block, mass = s.top_block()
+        s = self.state.strategy_for(tier).summary()
         return CandidateChosen(
             candidate.sha,
             candidate.subject,
             reason,
             lifetimes,
-            int(s.counts.total.sum()),
-            len(s.credible_set(0.99)),
-            self.state.candidates[block[0]].sha,
-            mass,
+            s.evaluations,
+            s.candidates_left,
+            self.state.candidates[s.block[0]].sha,
+            s.confidence,
             str(tier) if self.state.tiered else "",
         )
 
@@ -191,13 +189,13 @@ def decide(state: State) -> _Decision:
 
 
 def _narrow_step(state: State) -> _Decision:
-    narrow = state.strategy_for(Tier.NARROW)
+    narrow = state.strategy_for(Tier.NARROW).summary()
     settings = dataclasses.replace(
         state.settings, max_end_lifetimes=min(state.settings.max_end_lifetimes, NARROW_END_RUNS)
     )
     runs = state.runs[Tier.NARROW]
     kind = narrow_kind(state.header) or "fast"
-    contradiction = narrow.self_contradiction() if narrow.deterministic else None
+    contradiction = narrow.contradiction if narrow.deterministic else None
     if contradiction is not None:
         # The op check runs fixed inputs: a clean run on the bad side of a divergent one is the
         # probe failing its premise (a flaky check, say), and a posterior that explains it with
@@ -210,20 +208,20 @@ def _narrow_step(state: State) -> _Decision:
     shown = _fast_probe_good_end(state, narrow, kind)
     if shown is not None:
         return shown
-    reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe")
-    if reason is None and not narrow.counts.total.any() and len(narrow.counts.untestable) >= 2:
+    reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe", False)
+    if reason is None and not narrow.total.any() and len(narrow.untestable) >= 2:
         # Two candidates in a row the fast probe could not run, and none it could: it cannot
         # run here (no PyTorch for the op check, say), not a property of those candidates.
         reason = (EndState.NO_CANDIDATE,
-                  f"it ran on none of {len(narrow.counts.untestable)} candidates; `bisect log` "
+                  f"it ran on none of {len(narrow.untestable)} candidates; `bisect log` "
                   "has its messages")
     if reason is None:
         return _Lifetimes(Tier.NARROW)
     end, message = reason
     if end is EndState.DONE:
-        sides = confirm_sides(narrow, state.strategy)
-        block, mass = narrow.top_block()
-        flip = state.candidates[block[0]]
+        sides = confirm_sides(narrow, state.strategy.summary())
+        mass = narrow.confidence
+        flip = state.candidates[narrow.block[0]]
         if sides is not None:
             bad, good = (state.candidates[sides.bad], state.candidates[sides.good])
             return _switch(
@@ -239,13 +237,13 @@ def _narrow_step(state: State) -> _Decision:
                                    "going on with lifetimes over the whole range")
 
 
-def _fast_probe_good_end(state: State, narrow: BayesianStrategy, kind: str) -> Finish | None:
+def _fast_probe_good_end(state: State, narrow: Summary, kind: str) -> Finish | None:
     """The fast probe checks both ends first: a good end it shows the bug at cannot be the good
     end, and the run stops in seconds, before any lifetime boots, saying what each end showed
     (given the wrong way round, 0.22.0 as good and 0.28.0 as bad, the controls once booted
     0.22.0's extension in 0.26.0's Python for nothing)."""
-    bad, good = narrow.effective_ends()
-    d, t = narrow.counts.divergent, narrow.counts.total
+    bad, good = narrow.ends
+    d, t = narrow.divergent, narrow.total
     if good is None or not t[good] or not d[good]:
         return None
     g = state.candidates[good]
@@ -268,11 +266,11 @@ def _fast_probe_good_end(state: State, narrow: BayesianStrategy, kind: str) -> F
 
 
 def _confirm_step(state: State) -> _Decision:
-    s, sides = state.strategy, state.sides
+    s, sides = state.strategy.summary(), state.sides
     assert sides is not None
     budget = state.settings.max_evaluations
-    if sides.bad in s.counts.untestable or sides.good in s.counts.untestable:
-        moved = confirm_sides(state.strategy_for(Tier.NARROW), s)
+    if sides.bad in s.untestable or sides.good in s.untestable:
+        moved = confirm_sides(state.strategy_for(Tier.NARROW).summary(), s)
         if moved is not None and moved != sides:
             bad, good = state.candidates[moved.bad], state.candidates[moved.good]
             return _switch(
@@ -285,17 +283,17 @@ def _confirm_step(state: State) -> _Decision:
                                        "the faithful probe; going on with lifetimes over the "
                                        "whole range")
     # Both sides must have spoken: the prior alone (the fast probe's flip) is never the answer.
-    if s.counts.divergent[sides.bad] and s.counts.total[sides.good] and s.done():
+    if s.divergent[sides.bad] and s.total[sides.good] and s.done:
         return Finish(EndState.DONE, "the flip holds the asked confidence")
     which = disagreement(s, sides)
-    d_bad, t_bad = int(s.counts.divergent[sides.bad]), int(s.counts.total[sides.bad])
+    d_bad, t_bad = int(s.divergent[sides.bad]), int(s.total[sides.bad])
     if which is None and not d_bad and t_bad >= state.settings.max_end_lifetimes:
         # With no divergence seen anywhere, clean lifetimes cannot rule out a rare bug: after as
         # many as the bad end gets, the confirm step stops waiting for one.
         which = "bad"
     if which is not None:
         pos = sides.bad if which == "bad" else sides.good
-        d, t = int(s.counts.divergent[pos]), int(s.counts.total[pos])
+        d, t = int(s.divergent[pos]), int(s.total[pos])
         saw = (f"did not show the bug at {state.candidates[pos].label}, where the fast probe "
                f"did ({d} of {t} lifetimes divergent)" if which == "bad" else
                f"showed the bug at {state.candidates[pos].label}, where the fast probe did not "
@@ -311,19 +309,20 @@ def _confirm_step(state: State) -> _Decision:
 def stop_reason(state: State) -> tuple[EndState, str] | None:
     """Why the (faithful) search should stop now, if it should."""
     return _stop_reason(
-        state, state.strategy, state.settings, state.runs[Tier.FAITHFUL], "lifetimes"
+        state, state.strategy.summary(), state.settings, state.runs[Tier.FAITHFUL], "lifetimes",
+        True,
     )
 
 
 def _stop_reason(
     state: State,
-    s: BayesianStrategy,
+    s: Summary,
     settings: SearchSettings,
     spent: int,
     unit: str,
+    faithful: bool,
 ) -> tuple[EndState, str] | None:
-    counts = s.counts
-    bad, good = s.effective_ends()
+    bad, good = s.ends
     for end, name in ((bad, "bad"), (good, "good")):
         if end is None:
             nominal = s.bad_end if name == "bad" else s.good_end
@@ -336,21 +335,21 @@ def _stop_reason(
     assert bad is not None and good is not None
     stand_in = "" if bad == s.bad_end else (
         f" (standing in for the untestable bad end {state.candidates[s.bad_end].label})")
-    if (counts.divergent[bad] == 0 and counts.total[bad] >= settings.max_end_lifetimes
-            and not counts.divergent.any()):
+    if (s.divergent[bad] == 0 and s.total[bad] >= settings.max_end_lifetimes
+            and not s.divergent.any()):
         return EndState.BAD_END_NEVER, (
             f"the bad end {state.candidates[bad].label}{stand_in} never showed the bug in "
-            f"{counts.total[bad]} {unit}: nothing to bisect (check the recipe, or raise "
+            f"{s.total[bad]} {unit}: nothing to bisect (check the recipe, or raise "
             "max_end_lifetimes)"
         )
-    contradicted = s.contradicted_end() if counts.total[bad] and counts.total[good] else None
+    contradicted = s.contradicted_end if s.total[bad] and s.total[good] else None
     if contradicted is not None:
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
-    not_good = good_end_not_good(s) if s is state.strategy else 0.0
-    if not_good >= s.stop_threshold():
+    not_good = good_end_not_good(s) if faithful else 0.0
+    if not_good >= s.threshold:
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, "good", s, not_good)
-    done = s.done() and s.top_block()[1] * (1 - not_good) >= s.stop_threshold()
-    if counts.total[bad] and counts.total[good] and done and s.bug_shown():
+    done = s.done and s.confidence * (1 - not_good) >= s.threshold
+    if s.total[bad] and s.total[good] and done and s.bug_shown:
         return EndState.DONE, "the flip holds the asked confidence"
     if spent >= settings.max_evaluations:
         return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"
@@ -358,18 +357,18 @@ def _stop_reason(
 
 
 def ends_contradict_message(
-    state: State, end: str, strategy: BayesianStrategy | None = None, not_good: float = 0.0
+    state: State, end: str, summary: Summary | None = None, not_good: float = 0.0
 ) -> str:
     """One line: which end, what it saw, what to do. ``not_good``: P(the good end shows the bug
     though the flip lies inside the range), when that is why (``bisect_tool.ends``)."""
-    s = strategy or state.strategy
-    bad, good = s.effective_ends()
+    s = summary or state.strategy.summary()
+    bad, good = s.ends
     pos = (good if end == "good" else bad)
     if pos is None:
         pos = s.good_end if end == "good" else s.bad_end
     sha = state.candidates[pos].label
-    d, t = int(s.counts.divergent[pos]), int(s.counts.total[pos])
-    beyond, not_bad = s.end_doubts()
+    d, t = int(s.divergent[pos]), int(s.total[pos])
+    beyond, not_bad = s.good_end_doubt, s.bad_end_doubt
     if end == "good":
         older = "older" if state.direction is Direction.REGRESSION else "newer"
         why = (f"P = {not_good:.3f} that it is not a good end, more than a false alarm explains"
