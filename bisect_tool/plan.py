@@ -252,7 +252,9 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
     commit_range, recipe, extra = _resolve(request)
     header = session.header_for(
         commit_range,
-        recipe=recipe.to_dict() if recipe else {"search": dict(request.search_overrides or {})},
+        recipe=session.header_recipe(
+            recipe, request.search_overrides, deterministic=request.deterministic
+        ),
         mode="run" if request.run_command else ("recipe" if recipe else "manual"),
         **extra,
     )

@@ -19,7 +19,7 @@ from bisect_tool.ends import good_end_not_good
 from bisect_tool.errors import StateError
 from bisect_tool.journal import JournalContents
 from bisect_tool.range import Candidate, CommitRange
-from bisect_tool.recipe import SearchSettings
+from bisect_tool.recipe import Recipe, SearchSettings
 from bisect_tool.strategy import BayesianStrategy, Costs, Priors
 from bisect_tool.tiers import (
     MixturePrior,
@@ -74,6 +74,31 @@ def header_for(
         tool_version=__version__,
         **more,
     )
+
+
+def header_recipe(
+    recipe: Recipe | None,
+    search_overrides: Mapping[str, Any] | None = None,
+    *,
+    deterministic: bool = False,
+) -> dict[str, Any]:
+    """The header's ``recipe``: the recipe whole, or without one (``--run``, manual) the search
+    flags; ``[probe] deterministic`` either way when ``--deterministic`` was given.
+
+    Without a recipe nothing is fetched or built: a new candidate costs what another run of one
+    does (a ``--run`` measures it so; a verdict given by hand is one run either way), so the
+    search spends runs as git bisect does unless ``--cost-new`` says otherwise."""
+    out = recipe.to_dict() if recipe else {
+        "search": {"cost_new_candidate": 0.0, **dict(search_overrides or {})}}
+    if deterministic:
+        out.setdefault("probe", {})["deterministic"] = True
+    return out
+
+
+def deterministic_probe(header: Mapping[str, Any]) -> bool:
+    """``[probe] deterministic`` (``--deterministic``): one run a candidate."""
+    probe = (header.get("recipe") or {}).get("probe") or {}
+    return bool(probe.get("deterministic"))
 
 
 def search_settings(header: dict[str, Any]) -> SearchSettings:
@@ -407,6 +432,10 @@ def replay(contents: JournalContents) -> State:
     settings = search_settings(header)
 
     def new_strategy() -> BayesianStrategy:
+        if deterministic_probe(header):
+            # git bisect's contract: the same model as the fast probe's (p = 1, false alarms
+            # all but impossible), one run a candidate
+            return narrow_strategy(len(candidates), Direction(header["direction"]), settings)
         return BayesianStrategy(
             len(candidates),
             Direction(header["direction"]),

@@ -11,6 +11,7 @@ out; ``designs.drive`` does the same for ``bisect simulate``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -152,7 +153,7 @@ class BisectDesign:
         answer below the asked confidence: more of its own lifetimes tell a false alarm from a
         good end that is not good; after as many as the bad end gets, the doubt stays shown."""
         s = self.state.strategy.summary()
-        if decision.tier is not Tier.FAITHFUL or decision.within is not None:
+        if decision.tier is not Tier.FAITHFUL or decision.within is not None or s.deterministic:
             return None
         _, good = s.ends
         if good is None or s.total[good] >= self.state.settings.max_end_lifetimes:
@@ -333,6 +334,8 @@ def _stop_reason(
                 + f" and so is every candidate next to it; pick another --{name}"
             )
     assert bad is not None and good is not None
+    if faithful and s.deterministic:
+        return _deterministic_stop(state, s)
     stand_in = "" if bad == s.bad_end else (
         f" (standing in for the untestable bad end {state.candidates[s.bad_end].label})")
     if (s.divergent[bad] == 0 and s.total[bad] >= settings.max_end_lifetimes
@@ -350,9 +353,62 @@ def _stop_reason(
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, "good", s, not_good)
     done = s.done and s.confidence * (1 - not_good) >= s.threshold
     if s.total[bad] and s.total[good] and done and s.bug_shown:
-        return EndState.DONE, "the flip holds the asked confidence"
+        return EndState.DONE, "the flip holds the asked confidence" + _would_have_saved(s)
     if spent >= settings.max_evaluations:
         return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"
+    return None
+
+
+def _would_have_saved(s: Summary) -> str:
+    """For an answer whose probe never contradicted itself: what ``--deterministic`` would
+    have cost (git bisect's bound), when that is less than what the search spent."""
+    bound = math.ceil(math.log2(max(s.size, 2))) + 2
+    if s.contradiction is not None or s.evaluations <= bound:
+        return ""
+    return (f"; the probe never contradicted itself in {s.evaluations} runs: if it always "
+            f"gives a candidate the same answer, --deterministic needs at most {bound}")
+
+
+#: what a deterministic run that contradicts itself suggests
+DROP_DETERMINISTIC = ("; if the probe shows the bug only in some runs, drop --deterministic "
+                      "([probe] deterministic): the search then repeats runs until the answer "
+                      "holds its confidence")
+
+
+def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None:
+    """git bisect's contract (``--deterministic``): a candidate's one run is its answer. The
+    run stops at once when the runs contradict themselves (an end that answers as the other
+    one, a candidate both ways, a clean run nearer the bad end than a divergent one), and with
+    the answer as soon as the candidates on both sides of the flip ran: at most ceil(log2 N)
+    + 2 runs, never a second run of a candidate."""
+    bad, good = s.ends
+    assert bad is not None and good is not None
+    label = state.candidates
+    if s.total[bad] and not s.divergent[bad]:
+        return EndState.BAD_END_NEVER, (
+            f"the bad end {label[bad].label} did not show the bug in its run "
+            f"(--deterministic): check the probe reproduces it there" + DROP_DETERMINISTIC)
+    if s.total[good] and s.divergent[good]:
+        older = "older" if state.direction is Direction.REGRESSION else "newer"
+        return EndState.ENDS_CONTRADICT, (
+            f"the good end {label[good].label} shows the bug (--deterministic): give an "
+            f"{older} --good, or check the probe can pass at all" + DROP_DETERMINISTIC)
+    if s.contradiction is not None:
+        clean, divergent = s.contradiction
+        if clean == divergent:
+            seen = (f"the probe gave {label[clean].label} both answers ({s.divergent[clean]} of "
+                    f"{s.total[clean]} runs showed the bug)")
+        else:
+            seen = (f"the probe showed the bug at {label[divergent].label} but not at "
+                    f"{label[clean].label}, nearer the bad end: no single flip explains both")
+        return EndState.PROBE_CONTRADICTED, seen + DROP_DETERMINISTIC
+    block = s.block
+    bracketed = s.total[block[0] - 1] and s.total[block[-1]]
+    if s.total[bad] and s.total[good] and bracketed and s.bug_shown:
+        return EndState.DONE, "the candidates on both sides of the flip ran (--deterministic)"
+    spent, budget = s.evaluations, state.settings.max_evaluations
+    if spent >= budget:
+        return EndState.BUDGET, f"budget of {budget} runs exhausted"
     return None
 
 
@@ -415,7 +471,11 @@ def manual_entry(
 
 def next_manual_candidate(state: State) -> Candidate | None:
     reason = stop_reason(state)
-    if reason is not None and reason[0] is not EndState.BAD_END_NEVER:
+    # a quiet bad end is asked again (a bug that shows only sometimes), unless the probe is
+    # deterministic: then its one clean answer ends the run
+    again = reason is not None and reason[0] is EndState.BAD_END_NEVER \
+        and not state.strategy.summary().deterministic
+    if reason is not None and not again:
         return None
     try:
         return state.candidates[state.strategy.select().position]

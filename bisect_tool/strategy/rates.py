@@ -25,6 +25,8 @@ def _density(post: FlipPosterior, which: str) -> np.ndarray:
         d, t, a, b = bad_d, bad_t, priors.p_alpha, priors.p_beta
     else:
         d, t, a, b = good_d, good_t, priors.q_alpha, priors.q_beta
+    if not flips.max() > 0:  # every flip ruled out (an end contradicted): the prior's shape
+        flips, d, t = np.ones(1), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
     keep = flips > 1e-6 * flips.max()
     w, d, t = flips[keep], d[keep], t[keep]
     log_grid, log_comp = np.log(grid), np.log1p(-grid)
