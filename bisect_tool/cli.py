@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -526,7 +527,7 @@ def _observer() -> Observer:
     return PlainLines(lifetimes=False)
 
 
-def _print_outcome(outcome: Outcome) -> None:
+def _print_outcome(outcome: Outcome, journal: Path | None = None) -> None:
     summary = outcome.summary
     if outcome.next_candidate is not None:
         nxt = outcome.next_candidate
@@ -546,7 +547,10 @@ def _print_outcome(outcome: Outcome) -> None:
             click.echo(f"{word} {noun} could be any of ({summary['confidence']:.1%}):")
             for sha in block:
                 click.echo(f"  {sha}")
-        click.echo("see `bisect report` for the full report", err=True)
+        if journal is None:
+            click.echo("see `bisect report` for the full report", err=True)
+        else:  # replay: the answer is its output, the hint goes with it (issue 32, item 10)
+            click.echo(f"the full report: bisect report --journal {shlex.quote(str(journal))}")
     elif outcome.state is not EndState.RUNNING:
         # A scripted caller must tell "found it" from "stopped without an answer".
         raise NoAnswer(
@@ -661,7 +665,8 @@ def replay_cmd(file: Path, as_json: bool) -> None:
     if not end:
         click.echo(f"running: top {summary['confidence']:.1%} at {summary['flip_block'][0]}")
         return
-    _print_outcome(Outcome(end_state(end["state"]), str(end.get("message", "")), summary))
+    _print_outcome(Outcome(end_state(end["state"]), str(end.get("message", "")), summary),
+                   journal=file)
 
 
 def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | None) -> None:
@@ -769,15 +774,23 @@ def reset(repo: Path, state_dir: Path | None) -> None:
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write the PNG here.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), default=None)
+@click.option("--journal", "journal_file", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Report this journal file (a bisect's or a locate's) instead of the state "
+              "dir's.")
 @repo_option
 @state_option
 def report(
-    fmt: str, plot: Path | None, output: Path | None, repo: Path, state_dir: Path | None
+    fmt: str, plot: Path | None, output: Path | None, journal_file: Path | None, repo: Path,
+    state_dir: Path | None,
 ) -> None:
-    """The report for the issue tracker (Markdown for GitHub, or JSON with the same content)."""
+    """The report for the issue tracker (Markdown for GitHub, or JSON with the same content):
+    the bisect's, else the locate's of the state dir."""
     from bisect_tool.report import render_report
 
-    text = render_report(_journal_path(repo, state_dir), fmt, plot)
+    path = journal_file or _report_journal(repo, state_dir)
+    # the plot is linked from where the report is read: beside -o, else the current folder
+    text = render_report(path, fmt, plot, link_from=output.parent if output else Path.cwd())
     if output:
         try:
             output.write_text(text, encoding="utf-8")
@@ -789,6 +802,13 @@ def report(
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)
+
+
+def _report_journal(repo: Path, state_dir: Path | None) -> Path:
+    """The state dir's bisect journal; a dir that holds only a locate's, that one."""
+    path = _journal_path(repo, state_dir)
+    locate_path = path.with_name("locate.jsonl")  # bisect_tool.locate.LOCATE_JOURNAL
+    return locate_path if not path.exists() and locate_path.is_file() else path
 
 
 def _plan_command() -> click.Command:

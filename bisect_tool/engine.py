@@ -83,6 +83,10 @@ class Engine:
         self.controls_for = controls_for
         self.observer = observer
         self._durations: dict[str, list[float]] = {}
+        # items started in the background (``Item.background``): the controls while the fast
+        # probe narrows; journaled as they end, before the next decision
+        self._background: dict[Future[Observation | Mapping[str, Any]], Item] = {}
+        self._background_pool: ThreadPoolExecutor | None = None
 
     def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Journal ``entry`` and apply it, as written, to the design."""
@@ -91,17 +95,48 @@ class Engine:
         return written
 
     def run(self) -> Finish:
-        while True:
-            step = self.design.next_step()
-            if isinstance(step, Finish):
-                self._end(step)
-                return step
-            if isinstance(step, Record):
-                self.append(step.entry)
-                if step.note:
-                    self.observer(Note(step.note))
-            else:
-                self._work(step)
+        try:
+            while True:
+                self._collect_background(wait=False)
+                step = self.design.next_step()
+                if isinstance(step, Finish):
+                    if self._background:
+                        # decided, but not on everything asked for: what is still running (the
+                        # controls) may change the answer, so decide again once it is in
+                        self._collect_background(wait=True)
+                        continue
+                    self._end(step)
+                    return step
+                if isinstance(step, Record):
+                    self.append(step.entry)
+                    if step.note:
+                        self.observer(Note(step.note))
+                else:
+                    self._work(step)
+        except BaseException:
+            if self._background:
+                # as for lifetimes in threads: stop what can be stopped, journal what ended
+                for item in set(self._background.values()):
+                    self._arm(item).cancel()
+                self._collect_background(wait=True, raising=False)
+            raise
+        finally:
+            if self._background_pool is not None:
+                self._background_pool.shutdown(wait=True)
+
+    def _collect_background(self, *, wait: bool, raising: bool = True) -> None:
+        """Journal the background items that ended (all of them, once ended, with ``wait``)."""
+        while self._background:
+            done = [f for f in self._background if f.done()]
+            if not done and wait:
+                done = [next(as_completed(self._background))]
+            if not done:
+                return
+            for fut in done:
+                item = self._background.pop(fut)
+                if fut.cancelled() or (not raising and fut.exception() is not None):
+                    continue
+                self._record(item, fut.result())
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -125,15 +160,24 @@ class Engine:
             self.observer(event)
         if not work.items:
             raise InfrastructureError("a design handed out no work; this is a bug in bisect")
+        items = [item for item in work.items if not item.background]
+        for item in work.items:
+            if item.background:
+                if self._background_pool is None:
+                    self._background_pool = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix="bisect-background")
+                self._background[self._background_pool.submit(self._evaluate, item)] = item
+        if not items:
+            return
         # the lookahead (bisect_tool.lookahead): each step replaces the last list, so an empty
         # one stops what an earlier guess would still have fetched
-        self._arm(work.items[-1]).prepare(list(work.prepare))
-        if len(work.items) == 1:
-            item = work.items[0]
+        self._arm(items[-1]).prepare(list(work.prepare))
+        if len(items) == 1:
+            item = items[0]
             self._record(item, self._evaluate(item))
             return
-        with ThreadPoolExecutor(max_workers=min(len(work.items), self.parallel)) as pool:
-            futures = {pool.submit(self._evaluate, item): item for item in work.items}
+        with ThreadPoolExecutor(max_workers=min(len(items), self.parallel)) as pool:
+            futures = {pool.submit(self._evaluate, item): item for item in items}
             recorded: set[Future[Observation | Mapping[str, Any]]] = set()
             try:
                 # journal each lifetime as it comes back, not in submission order
@@ -145,7 +189,7 @@ class Engine:
                 # can be stopped (Ray tasks), not after the pool has waited for them all. The
                 # rest end as they would have: each is an observation like any other and is
                 # journaled before the exception goes on.
-                for arm in {item.arm for item in work.items}:
+                for arm in {item.arm for item in items}:
                     self._arm_named(arm).cancel()
                 pool.shutdown(wait=True)
                 for fut, item in futures.items():

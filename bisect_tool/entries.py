@@ -79,6 +79,7 @@ class HeaderEntry(TypedDict, total=False):
     # bisect locate
     lifetimes_per_cell: int
     python_dirs: dict[str, str]
+    releases_between: int  # release ends: the releases listed between them (none: adjacent)
 
 
 class ObservationEntry(TypedDict, total=False):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,8 +68,10 @@ class LocateOutcome:
 # -- the ends ---------------------------------------------------------------------------------
 
 
-def _ends(request: LocateRequest) -> tuple[Candidate, Candidate]:
-    """(good, bad) as candidates: commits of the clone, or releases of the recipe's package."""
+def _ends(request: LocateRequest) -> tuple[Candidate, Candidate, int | None]:
+    """(good, bad) as candidates: commits of the clone, or releases of the recipe's package;
+    and for releases, how many releases lie between them (the next step for adjacent ones is
+    the commits between them, not a release-level bisect with nothing to search)."""
     if request.releases is not None:
         from bisect_tool.artifacts.releases import fetch_listing, resolve_release_range
         from bisect_tool.artifacts.sources import pip_index_url
@@ -83,7 +85,11 @@ def _ends(request: LocateRequest) -> tuple[Candidate, Candidate]:
             tag_format=request.recipe.range.release_tag,
         ).range
         by_id = {c.sha: c for c in resolved.candidates}
-        return by_id[resolved.good], by_id[resolved.bad]
+        # what a release-level bisect between them would search (pre-releases and yanked
+        # ones left out, as it leaves them)
+        searched = resolve_release_range(listing, request.good, request.bad,
+                                         tag_format=request.recipe.range.release_tag).range
+        return by_id[resolved.good], by_id[resolved.bad], len(searched.candidates) - 2
     if request.repo is None:
         raise UsageError("bisect locate needs a clone (--repo) or --releases")
     from bisect_tool.range import open_repo, pr_number, resolve_ref
@@ -98,15 +104,18 @@ def _ends(request: LocateRequest) -> tuple[Candidate, Candidate]:
             out.append(Candidate(sha, subject, pr_number(subject), tags))
     if out[0].sha == out[1].sha:
         raise UsageError(f"--good {request.good} and --bad {request.bad} are the same commit")
-    return out[0], out[1]
+    return out[0], out[1], None
 
 
 # -- the journal ------------------------------------------------------------------------------
 
 
-def _header(request: LocateRequest, good: Candidate, bad: Candidate) -> entries.HeaderEntry:
+def _header(
+    request: LocateRequest, good: Candidate, bad: Candidate, between: int | None
+) -> entries.HeaderEntry:
     from bisect_tool import __version__
 
+    more: dict[str, Any] = {} if between is None else {"releases_between": between}
     return entries.header(
         session=uuid.uuid4().hex[:12],
         mode="locate",
@@ -124,6 +133,7 @@ def _header(request: LocateRequest, good: Candidate, bad: Candidate) -> entries.
         level="release" if request.releases is not None else "commit",
         lifetimes_per_cell=request.lifetimes_per_cell,
         python_dirs={str(k): str(v) for k, v in request.python_dirs.items()},
+        **more,
     )
 
 
@@ -133,9 +143,10 @@ def _header(request: LocateRequest, good: Candidate, bad: Candidate) -> entries.
 @contextmanager
 def _evaluators(
     request: LocateRequest, good: Candidate, bad: Candidate, session: str, observer: Observer
-) -> Iterator[tuple[dict[str, Evaluator], int, ControlsFor]]:
+) -> Iterator[tuple[dict[str, Evaluator], int, ControlsFor, Callable[[], dict[str, Any]]]]:
     """A server evaluator per Python side (one backend each, pinned to that side's stack), the
-    slots that may run at once, and the controls runner of the good end's own pair."""
+    slots that may run at once, the controls runner of the good end's own pair, and the
+    environment the cells run in (for the journal's ``environment`` entry)."""
     from bisect_tool.artifacts.cache import ArtifactCache
     from bisect_tool.dirs import default_cache_dir
     from bisect_tool.runtime.weights import resolve_weights
@@ -167,7 +178,37 @@ def _evaluators(
             observer=observer,
         ) as (evaluators, slots):
             arms = {name: e.faithful for name, e in evaluators.items()}
-            yield arms, slots, evaluators[str(Side.GOOD)].controls_for
+            yield (arms, slots, evaluators[str(Side.GOOD)].controls_for,
+                   lambda: _environment(recipes, sides))
+
+
+def _environment(recipes: Mapping[str, Recipe], sides: Mapping[Side, Path]) -> dict[str, Any]:
+    """What the report's environment block shows for a locate: the machine and the bad end's
+    Python side (as a bisect's pinned stack), and per side its package's version and the
+    sha256 of each compiled file it holds besides the swap set, so the report can say which
+    files were the same in every cell (issue 32: 0.27.0's Python side ran with 0.26.0's FA3,
+    and nothing in the report said so)."""
+    import hashlib
+
+    from bisect_tool.runtime.environment import environment_facts
+    from bisect_tool.runtime.schemas import is_extension
+
+    facts = environment_facts(recipes[str(Side.BAD)])
+    per_side: dict[str, Any] = {}
+    for side, path in sides.items():
+        swap = set(recipes[str(side)].artifacts.swap_set)
+        files: dict[str, str] = {}
+        for found in sorted(path.rglob("*")):
+            rel = found.relative_to(path).as_posix()
+            if found.is_file() and is_extension(rel) and rel not in swap:
+                digest = hashlib.sha256()
+                with found.open("rb") as fh:
+                    while block := fh.read(1 << 20):
+                        digest.update(block)
+                files[rel] = digest.hexdigest()
+        per_side[str(side)] = {"files": files}
+    facts["sides"] = per_side
+    return facts
 
 
 def compiled_only(recipe: Recipe) -> Recipe:
@@ -230,7 +271,7 @@ def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome
     """Run (or resume) the swap matrix to an answer or its budget."""
     request.state_dir.mkdir(parents=True, exist_ok=True)
     path = request.state_dir / LOCATE_JOURNAL
-    good, bad = _ends(request)
+    good, bad, between = _ends(request)
     contents = journal_mod.read(path) if path.exists() else None
     if contents is not None and (contents.header.get("good"), contents.header.get("bad")) != (
         good.sha, bad.sha
@@ -243,12 +284,14 @@ def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome
         contents = None
     if contents is None or contents.end is not None:
         path.unlink(missing_ok=True)
-        journal_mod.create(path, _header(request, good, bad))
+        journal_mod.create(path, _header(request, good, bad, between))
         contents = journal_mod.read(path)
     session = str(contents.header["session"])
     with journaled(path) as journal, _evaluators(
         request, good, bad, session, observer
-    ) as (arms, slots, controls_for):
+    ) as (arms, slots, controls_for, environment):
+        if not contents.of_type("environment"):
+            journal.append(entries.environment(environment()))
         design = LocateDesign(
             good, bad, confidence=request.recipe.search.confidence,
             lifetimes_per_cell=request.lifetimes_per_cell, slots=slots,
@@ -263,7 +306,7 @@ def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome
         raise NoAnswer(finish.message)
     finding = design.finding()
     return LocateOutcome(finding, design.counts, good, bad, len(design.observations),
-                         next_step(finding, request, good, bad, design.counts), path)
+                         next_step(finding, request, good, bad, design.counts, between), path)
 
 
 def next_step(
@@ -272,8 +315,11 @@ def next_step(
     good: Candidate,
     bad: Candidate,
     counts: Mapping[Cell, CellCounts],
+    between: int | None = None,
 ) -> str:
-    """The answer in words, and the command that follows from it."""
+    """The answer in words, and the command that follows from it: for the compiled side, the
+    bisect with the swap set; between two adjacent releases that is the commits between them,
+    in a clone (a release-level bisect would have nothing to search)."""
     recipe = request.recipe
     name = recipe.name if recipe.source.startswith(str(Path(__file__).parent)) else (
         recipe.source or recipe.name)
@@ -288,9 +334,12 @@ def next_step(
                   + ")")
     if finding.explanation is Explanation.COMPILED:
         argv = ["bisect", "start", "--good", good_ref, "--bad", bad_ref, "--recipe", name]
-        if request.releases is not None:
+        if request.releases is not None and between:
             argv.insert(2, "--releases")
-        return f"{words}. Next: {shlex.join(argv)}"
+            return (f"{words}. Next: the {between} releases between them, then the commits "
+                    f"between the two it names: {shlex.join(argv)}")
+        where = " in a vLLM clone" if request.releases is not None else ""
+        return f"{words}. Next, the commits between them{where}: {shlex.join(argv)}"
     if finding.explanation is Explanation.PYTHON:
         from bisect_tool.runtime.schemas import is_extension
 
@@ -328,7 +377,8 @@ def render(outcome: LocateOutcome) -> str:
     lines += ["", "posterior of each explanation (p and q integrated out):"]
     for e, prob in sorted(f.posterior.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {str(e):<12} {prob:8.4f}  {MEANING[e]}")
-    lines += ["", outcome.next_step]
+    lines += ["", outcome.next_step,
+              f"the full report: bisect report --journal {shlex.quote(str(outcome.journal))}"]
     return "\n".join(lines)
 
 

@@ -82,7 +82,9 @@ class RuntimeSettings:
     # calls; an op the workload does call and the gate skipped fails its lifetime instead.
     gate_ops: tuple[str, ...] = ()
     # lifetimes that may share one GPU at once (each server then needs its own share of the
-    # memory: --gpu-memory-utilization in server_args)
+    # memory: --gpu-memory-utilization in server_args). They boot and are torn down one at a
+    # time unless server_args fix the KV cache's size (--kv-cache-memory-bytes), which spares
+    # vLLM its free-memory profile (bisect_tool/runtime/gpus.py)
     lifetimes_per_gpu: int = 1
     shm_size: str = "8g"
     # docker: how a container gets its GPU: "toolkit" (a device request; needs the NVIDIA
@@ -171,6 +173,26 @@ class SearchSettings:
 
 
 @dataclass(frozen=True)
+class ReportedSetup:
+    """What the issue being bisected reported running (``[reported]``): the report flags every
+    way the run differs from it (issue 32: a maintainer must see at once that the run used an
+    H200, random weights or ``VLLM_USE_FLASHINFER_SAMPLER=0`` where the reporter did not).
+    Empty: nothing to compare with."""
+
+    issue: str = ""  # e.g. "vLLM #51187"
+    gpu: str = ""  # e.g. "NVIDIA GeForce RTX 4060 Laptop, RTX 4090 (compute capability 8.9)"
+    # package -> version as reported ("vllm", "torch", "triton", "flashinfer", ...)
+    versions: dict[str, str] = field(default_factory=dict)
+    model: str = ""  # e.g. "Qwen/Qwen3-0.6B (its own weights), float16"
+    env: dict[str, str] = field(default_factory=dict)
+    server_args: tuple[str, ...] = ()
+    requests: int = 0
+    fillers: int = 0
+    jitter_ms: float = 0.0  # how the reporter's requests arrived (0: all at once)
+    workload: str = ""  # anything else of the workload, in words
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     description: str = ""
@@ -179,6 +201,7 @@ class Recipe:
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     search: SearchSettings = field(default_factory=SearchSettings)
+    reported: ReportedSetup = field(default_factory=ReportedSetup)
     source: str = ""  # where it was loaded from
 
     def override(self, section: str, **values: Any) -> Recipe:
@@ -208,6 +231,7 @@ _SECTIONS: dict[str, type] = {
     "runtime": RuntimeSettings,
     "probe": ProbeSettings,
     "search": SearchSettings,
+    "reported": ReportedSetup,
 }
 
 

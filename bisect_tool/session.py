@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool import __version__, entries
+from bisect_tool.cause import one_line
 from bisect_tool.ends import good_end_not_good
 from bisect_tool.errors import StateError
 from bisect_tool.journal import JournalContents
@@ -211,9 +212,8 @@ class State:
         seen = evidence(verdict)
         if seen is Evidence.CANNOT_RUN:
             # why, in one line, for an end that turns out untestable (the build's failure, the
-            # gate's verdict): the first line of its message
-            first = str(entry.get("message") or "").strip().splitlines()
-            self.untestable_why.setdefault(pos, first[0][:300] if first else "")
+            # gate's verdict, the first error of a dead server's log): never the log tail itself
+            self.untestable_why.setdefault(pos, one_line(str(entry.get("message") or ""), 300))
         if seen is Evidence.CANNOT_RUN and detail.get("stage") == "boot":
             # A server that died before /health may be the candidate's fault or the machine's
             # (seen on the H200: two vLLM servers profiling one GPU at once left one with

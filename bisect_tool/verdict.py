@@ -12,6 +12,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bisect_tool.cause import one_line
 from bisect_tool.values import Verdict
 
 
@@ -106,4 +107,6 @@ def controls_problem(controls: Mapping[str, Any] | None) -> str:
     if positive == Verdict.DIVERGENT:
         return ""
     problem = str(controls.get("problem", "")) or "the positive control did not diverge"
-    return f"controls failed, so a CLEAN would mean nothing: {problem}"
+    # one line: a control whose server died carries its log tail; the first error of it says
+    # why (issue 32: the whole tail reached the one-line message and the report four times)
+    return f"controls failed, so a CLEAN would mean nothing: {one_line(problem)}"

@@ -24,7 +24,7 @@ from bisect_tool.evaluate.server import controls_runner, server_evaluator
 from bisect_tool.events import Observer, ignore, notes_to
 from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
 from bisect_tool.recipe import Recipe
-from bisect_tool.runtime.gpus import GpuPool
+from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.tiers import Tier
 from bisect_tool.values import ProbeKind
 
@@ -108,9 +108,10 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
     try:
         backend.cleanup_stale(w.session)
         pool = w.pool or GpuPool(runtime.gpus, per_gpu=runtime.lifetimes_per_gpu)
+        turns = pool.booting if profiles_free_memory(runtime.server_args) else None
         evaluator = server_evaluator(
             w.recipe, w.provider, backend, session=w.session, log_dir=w.log_dir, tags=w.tags,
-            gpu_lease=pool.lease, boot_lock=pool.booting, observer=w.observer,
+            gpu_lease=pool.lease, boot_lock=turns, observer=w.observer,
         )
 
         def controls_for(commit: str) -> ControlsRunner:

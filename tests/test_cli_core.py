@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -227,4 +228,10 @@ def test_report_with_plot_writes_the_png_and_the_markdown_shows_it(
                              "--state-dir", str(state))
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"]({png})" in out  # the image is referenced, not the text fallback
+    # the image is referenced, not the text fallback, by a path relative to where the report
+    # is read: the current folder when it is printed, beside the file with -o (issue 32)
+    assert f"]({os.path.relpath(png)})" in out
+    code, _, err = run_cli("report", "--plot", str(png), "-o", str(tmp_path / "report.md"),
+                           "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err
+    assert "](posterior.png)" in (tmp_path / "report.md").read_text()

@@ -123,13 +123,25 @@ def test_demo_finds_the_planted_fix_and_the_report_matches_the_journal(tmp_path:
     tiers = data["tiers"]
     phases = [p["phase"] for p in tiers["phases"]]
     assert phases[0] == "confirm"
-    assert {r["index"] for r in tiers["narrow"]} == {
+    assert {r["index"] for r in tiers["rows"]} == {
         next(i for i, c in enumerate(contents.header["candidates"]) if c["sha"] == sha)
         for sha in narrow
     }
-    assert sum(r["runs"] for r in tiers["narrow"]) == sum(len(v) for v in narrow.values())
+    assert sum(r["runs"] for r in tiers["rows"]) == sum(len(v) for v in narrow.values())
     planted = summary["planted_commit"]
     shas = [c["sha"] for c in contents.header["candidates"]]
     if phases == ["confirm"]:  # no fall-back to the plain search (rare: tiers.DISAGREE_AT)
         assert set(by_commit) == {planted, shas[shas.index(planted) - 1]}
     assert data["controls"]["positive"]["verdict"].upper() == "DIVERGENT"
+    # the Markdown the demo wrote (issue 32): under GitHub's limit, one folded block at its end,
+    # its plot linked beside it, no temp folder named, markdown-it reads its tables as tables
+    from markdown_it import MarkdownIt
+
+    from bisect_tool.report import CAP
+
+    md = Path(str(summary["report"])).read_text()
+    assert len(md) < CAP and md.count("<details>") == 1 and md.rstrip().endswith("</details>")
+    assert "](posterior.png)" in md and str(tmp_path) not in md and "/tmp/" not in md
+    assert "bisect demo" in md  # the reproduce command, not the temp clone's start
+    tokens = MarkdownIt("commonmark").enable("table").parse(md)
+    assert sum(t.type == "table_open" for t in tokens) >= 5

@@ -144,6 +144,23 @@ def test_the_doubt_shows_in_the_confidence_while_the_good_end_is_suspect() -> No
     assert good_end_not_good(s.summary()) == 0.0  # never ran the good end: no such doubt
     s.record(0, True)  # its one lifetime diverged, as every bad-side one did
     assert good_end_not_good(s.summary()) > 0.5
-    for _ in range(3):
-        s.record(0, False)  # the bad side never runs clean: these say "a false alarm"
-    assert good_end_not_good(s.summary()) < 0.005
+    doubts = []
+    for _ in range(15):
+        # the bad side never runs clean, so these say "a false alarm", unless the good end is
+        # bad another, rarer way: its own rate (issue 30), which only more of them rule out
+        s.record(0, False)
+        doubts.append(good_end_not_good(s.summary()))
+    assert doubts == sorted(doubts, reverse=True)
+    assert doubts[2] > 0.05  # three clean lifetimes do not clear a rarer bug of its own
+    assert doubts[-1] < 0.005
+
+
+def test_a_good_end_failing_half_its_lifetimes_beside_an_always_failing_bad_side_stops() -> None:
+    # Seen in the issue-30 sweep: the good end diverged in 5 of its first 12 lifetimes while
+    # every bad-side lifetime diverged. Neither the bad side's p (about 1) nor a false alarm
+    # fits; the false alarm won, and the run named the flip at 99.65 % (or, once the good end
+    # had its 12 lifetimes, stopped claiming every candidate was untestable).
+    finish, state = _drive_scripted([c == "d" for c in "ddcccdcdcdcc"], flip=7, n=13)
+    assert str(finish.state) == "ends_contradict", finish  # type: ignore[attr-defined]
+    assert "the good end 000000000000 shows the bug" in finish.message  # type: ignore[attr-defined]
+    assert state.summary()["confidence"] < 0.5  # type: ignore[attr-defined]

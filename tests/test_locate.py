@@ -212,9 +212,9 @@ def test_a_sigterm_journals_every_lifetime_that_ended_and_none_half_done(
             return Observation(commit, Verdict.DIVERGENT, lifetime_id, {}, "", 0.6)
 
     @contextmanager
-    def evaluators(*args: Any) -> Iterator[tuple[dict[str, Any], int, Any]]:
+    def evaluators(*args: Any) -> Iterator[tuple[dict[str, Any], int, Any, Any]]:
         one = DeadlineMidLifetime()
-        yield {"good": one, "bad": one}, slots, None
+        yield {"good": one, "bad": one}, slots, None, dict
 
     def as_completed(futures: Any) -> Any:
         waiting.set()

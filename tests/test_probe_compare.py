@@ -222,3 +222,21 @@ def test_render_op_detail_one_row_per_group() -> None:
     assert "| rms_norm | float16 | 512 | 0/16 | 0 |" in md
     assert "255-row launch vs a 300-row launch" in md
     assert "no cases ran: boom" in render_op_detail({"error": "boom"})
+
+
+def test_the_logprob_delta_stops_where_the_tokens_diverge() -> None:
+    """Issue 32, item 4: after the first differing token the two sequences have different
+    contexts; their logprobs differ by what the model says next (0.354 on the H200's
+    vllm-0.26.0-0, whose like-for-like delta was ~3.9e-3). The delta covers the positions up to
+    that token (its top-k alternatives included) and no further."""
+    before = sample(ids=(5, 6, 7), lps=(-0.5, -0.25, -1.0))
+    after = Sample(
+        token_ids=(5, 9, 7),  # the token at position 1 differs
+        logprobs=(-0.5 - 2.0 ** -10, -0.3, -1.0 - 0.354),  # position 2: a different context
+        top=(((5, -0.5 - 2.0 ** -10),), ((6, -0.25 - 2.0 ** -8), (9, -0.3)), ((7, -1.354),)),
+    )
+    c = compare_repeats([[before], [after]])
+    assert c.tokens_moved and c.first_token_divergence_position == 1
+    assert c.first_divergent_position == 0  # a logprob moved before any token did
+    assert c.max_abs_logprob_delta == 2.0 ** -8  # position 1's shared alternative; not 0.354
+    assert c.to_detail()["max_abs_logprob_delta_scope"] == "up_to_first_token_divergence"

@@ -129,3 +129,40 @@ def test_probe_modules_import_only_stdlib_click_httpx_numpy(path: Path) -> None:
     if path.name == "op_child.py":
         assert not any(isinstance(n, ast.ImportFrom) and n.module and
                        n.module.startswith("bisect_tool") for n in ast.walk(tree))
+
+
+def test_the_gate_and_the_op_check_of_a_candidate_run_side_by_side(tmp_path: Path) -> None:
+    """Each loads the extension in a fresh interpreter (seconds of torch import on the GPU
+    machine): the op evaluator runs them at once, so they meet at a barrier; the gate's
+    verdict still rides in the observation's detail."""
+    import threading
+
+    from bisect_tool.errors import IncompatibleExtension
+    from bisect_tool.evaluate import OpEvaluator
+    from bisect_tool.interfaces import ProbeResult, SwapSet
+    from bisect_tool.values import Verdict
+
+    lib = tmp_path / "ext.so"
+    lib.write_bytes(b"x")
+    together = threading.Barrier(2, timeout=10)
+
+    class Given:
+        def get(self, commit: str, tags: object = ()) -> SwapSet:
+            return SwapSet(commit, {"pkg/ext.so": lib})
+
+        def prefetch(self, commits: object, tags: object) -> None:
+            return None
+
+    class Probe:
+        def run_extension(self, path: Path, env: object = None) -> ProbeResult:
+            together.wait()
+            return ProbeResult(Verdict.DIVERGENT, {}, "rows differ")
+
+    def gate(swap: SwapSet) -> None:
+        together.wait()
+        raise IncompatibleExtension("candidate lacks op `_C::rms_norm`")
+
+    evaluator = OpEvaluator(Given(), Probe(), {}, {}, gate=gate)  # type: ignore[arg-type]
+    seen = evaluator.evaluate("c" * 40, "l-narrow-0")
+    assert seen.verdict is Verdict.DIVERGENT
+    assert seen.detail["gate"] == "candidate lacks op `_C::rms_norm`"

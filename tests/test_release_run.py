@@ -108,6 +108,27 @@ def test_releases_given_the_other_way_round_stop_without_naming_one(
     assert "demollm-0.27.0" in end["message"]
 
 
+def test_releases_the_other_way_round_stop_in_two_op_checks_with_a_fast_probe(
+    tmp_path: Path, demollm_index: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: with the op check, ends given the wrong way round stop before any server
+    boots: one op run at each end, exit 9, a line naming what each end showed and the swap."""
+    monkeypatch.setenv("PIP_INDEX_URL", demollm_index.index_url)
+    recipe = release_recipe(tmp_path, tmp_path / "cache", narrow=True)
+    state = tmp_path / "state"
+    code, out, err = run_cli(
+        "start", "--releases", "--good", "0.26.0", "--bad", "0.27.0", "--recipe", str(recipe),
+        "--state-dir", str(state), "-q",
+    )
+    assert code == 9, (out, err)
+    contents = _journal(state)
+    end = contents.end or {}
+    assert end["state"] == "ends_contradict"
+    assert "wrong way round" in end["message"] and "--good v0.27.0 --bad v0.26.0" in end["message"]
+    assert [o.get("tier") for o in contents.observations] == ["narrow", "narrow"]
+    assert not contents.of_type("controls")
+
+
 def test_unknown_release_is_one_line_naming_the_nearest(
     tmp_path: Path, demollm_index: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -242,9 +242,16 @@ def test_evidence_has_one_row_per_lifetime_with_the_journals_facts(
     rows = evidence_rows(md)
     journaled = contents.observations
     assert len(rows) == len(journaled) + 1  # + the untestable candidate
-    by_lifetime = {r[1][0]: r for r in rows}
+    # rows by (candidate, lifetime number): the candidate's cell is blank (″) after its first
+    by_lifetime: dict[str, list[tuple[str, list[str]]]] = {}
+    current = ""
+    for row in rows:
+        if row[0][0] != "″":
+            current = row[0][0][:7]
+        by_lifetime[f"{current}-{row[1][0].lstrip('#')}"] = row
     for obs in journaled:
-        row = by_lifetime[obs["lifetime_id"]]
+        sha_, number = obs["lifetime_id"].rsplit("-", 1)
+        row = by_lifetime[f"{sha_[:7]}-{number}"]
         assert row[2][0] == obs["verdict"].upper()
         detail = obs["detail"]
         if "max_coresidency" in detail:
@@ -259,7 +266,7 @@ def test_evidence_has_one_row_per_lifetime_with_the_journals_facts(
         assert row[0][1] == [f"{REPO}/commit/{sha(index)}"]
     assert "(bad end, DIVERGENT)" in rows[0][0][0]
     assert rows[-1][2][0] == "UNTESTABLE" and rows[-1][0][0] == sha(UNTESTABLE)[:7]
-    assert "Max \\|Δ logprob\\| across repeats" in md
+    assert "Max \\|Δ logprob\\| up to the first differing token" in md
     assert "Co-residency reached / target" in md
 
 
@@ -269,8 +276,7 @@ def test_headline_says_the_answer_in_words_with_its_confidence(
     md = render_markdown(build_report(contents, STATE))
     title = [t for t in parse(md) if t.type == "inline"][0].content
     assert title.startswith("Bisect result: fixed in ")
-    assert "in the compiled extension" in title and "_C_stable_libtorch.abi3.so" in title
-    assert "0.26.0's Python" in title  # the environment's pinned version
+    assert "its `_C_stable_libtorch.abi3.so` under v0.26.0's Python" in title  # the pinned one
     first = first_paragraph(md)
     assert first.startswith("<p><strong>First good commit</strong>")
     assert f'href="{REPO}/commit/{sha(FLIP)}"' in first
@@ -279,12 +285,16 @@ def test_headline_says_the_answer_in_words_with_its_confidence(
     assert "[Bugfix][Kernel] Fix batch invariance in RMSNorm kernels by pinning block size" \
         in first
     assert "<strong>99.3%</strong> that this is the first good commit and both ends" in first
-    head = md[: md.index("### Changes in the range")]
-    assert "v0.26.0 (bad) .. v0.27.0 (good), commit level, 10 candidates" in head
-    assert "3 lifetimes of the bad end (2 divergent)" in head
-    assert "2 lifetimes of the good end (0 divergent)" in head
-    assert "controls held (positive DIVERGENT, negative CLEAN)" in head
-    assert "p = 0.55 [0.31, 0.78]" in head
+    # what the lifetimes either side showed: the nearest buggy candidate and the flip itself
+    assert f"{sha(4)[:7]} showed the bug in 1 of 2 lifetimes" in first
+    assert f"{sha(FLIP)[:7]} was clean in 3 of 3; the controls held" in first
+    head = md[: md.index("### How sure")]
+    assert "v0.26.0 (bad) .. v0.27.0 (good), 10 commits" in head
+    assert "- How sure: 99.3% (the run stops at 99.5%)" not in head  # below it: said so
+    assert "below the 99.5% a run stops at today" in head
+    sure = {r[0][0]: r[1][0] for r in table_rows(md[md.index("### How sure"):])}
+    assert sure["p: a lifetime with the bug shows it"].startswith("0.55 [0.31, 0.78]")
+    assert sure["From the server lifetimes"] == "99.3%"
 
 
 def test_prs_in_the_range_are_listed_with_links(contents: JournalContents) -> None:
@@ -309,11 +319,12 @@ def test_links_only_to_commits_of_the_vllm_remote(
 
 def test_environment_block_and_symptom(contents: JournalContents) -> None:
     md = render_markdown(build_report(contents, STATE))
-    env = md[md.index("### Environment"): md.index("### Evidence")]
+    env = md[md.index("### Environment"):]
     rows = {r[0][0]: r[1][0] for r in table_rows(env)}
     assert rows["GPU"] == "NVIDIA H200"
     assert rows["Driver"] == "570.86.15" and rows["Python"] == "3.12.3"
-    assert rows["Weights"].startswith("random weights at the config's initializer scale")
+    assert rows["PyTorch"] == "2.11.0+cu130"  # listed under versions in this journal
+    assert rows["Weights"].startswith("a random checkpoint shaped like Qwen/Qwen3-0.6B")
 
 
 def test_json_has_the_same_facts_as_the_markdown(contents: JournalContents) -> None:
@@ -334,8 +345,10 @@ def test_json_has_the_same_facts_as_the_markdown(contents: JournalContents) -> N
 def test_long_parts_are_folded_and_log_tails_are_quiet(contents: JournalContents) -> None:
     md = render_markdown(build_report(contents, STATE))
     first_screen = md[: md.index("<details>")]
-    assert "Log tail" not in first_screen
-    assert "| distinct outputs / repeats | 3 / 5 |" in md  # the probe's own renderer
+    assert "Output:" not in first_screen and "Traceback" not in first_screen
+    assert md.count("<details>") == 1 and md.rstrip().endswith("</details>")
+    every = md[md.index("#### Every lifetime"):]
+    assert "| all 10 repeat pairs |" not in every  # 5 repeats, 3 outputs: not every pair
     assert "no wheel for this commit and the source build failed" in md
     # A log tail holding ``` gets a longer fence, so it cannot end the code block early.
     fences = [t for t in parse(md) if t.type == "fence" and t.info == "text"]
@@ -346,7 +359,7 @@ def test_long_parts_are_folded_and_log_tails_are_quiet(contents: JournalContents
 
 
 def test_access_log_lines_leave_the_log_tail() -> None:
-    from bisect_tool.report.facts import quiet_log
+    from bisect_tool.report.evidence import quiet_log
 
     text = ('INFO engine config: max_num_seqs=64\n'
             '(APIServer pid=2711) INFO:     127.0.0.1:36066 - "POST /v1/completions HTTP/1.1" '
@@ -370,7 +383,9 @@ def test_reproduce_lists_changed_recipe_values_and_one_lifetime(
     toml = [t.content for t in parse(md) if t.type == "fence" and t.info == "toml"]
     assert toml and "target_coresidency = 44" in toml[0] and "requests" not in toml[0]
     sh = [t.content for t in parse(md) if t.type == "fence" and t.info == "sh"]
-    assert any(c.startswith("VLLM_BATCH_INVARIANT=1 vllm serve Qwen/Qwen3-0.6B") for c in sh)
+    assert any(c.startswith("VLLM_BATCH_INVARIANT=1 python -m vllm.entrypoints.openai."
+                            "api_server --enforce-eager --max-num-seqs 64 --model "
+                            "Qwen/Qwen3-0.6B --host 127.0.0.1 --port 8000") for c in sh)
     assert any("bisect probe --server http://127.0.0.1:8000" in c for c in sh)
 
 
@@ -426,7 +441,8 @@ def test_failed_positive_control_warns(tmp_path: Path, contents: JournalContents
         j.append({"type": "controls", **failed.to_detail()})
     report = build_report(journal.read(path), replace(STATE, state="controls_failed"))
     md = render_markdown(report)
-    assert "Positive control (invariance off, concurrent): **CLEAN**" in md
+    assert "- Positive: the concurrent workload (31 requests + 13 fillers) with batch " \
+        "invariance off: **CLEAN**" in md
     assert "[!WARNING]" in md
     assert "No lifetime ran." in md
     assert "positive control (invariance off) was clean" in first_paragraph(md)

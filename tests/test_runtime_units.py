@@ -54,6 +54,22 @@ def test_missing_and_changed_ops_are_named() -> None:
     ]
 
 
+def test_the_gates_verdict_names_every_rejected_op() -> None:
+    """Issue 32, item 7: the message named the first op and "(and 3 more)"; a maintainer must
+    see which ops the pinned Python could no longer call."""
+    from bisect_tool.errors import IncompatibleExtension
+    from bisect_tool.runtime.schemas import check_pair
+
+    older = {"_C::rms_norm": "_C::rms_norm(Tensor! result, Tensor input, float epsilon) -> ()"}
+    pinned = {**PINNED, "_C::silu_and_mul": "_C::silu_and_mul(Tensor! out, Tensor x) -> ()"}
+    with pytest.raises(IncompatibleExtension) as err:
+        check_pair("vllm/_C.abi3.so", pinned, older, "vllm-0.24.0")
+    message = str(err.value)
+    assert message.startswith("candidate vllm-0.24.0: vllm/_C.abi3.so: candidate lacks op "
+                              "_C::fused_add_rms_norm")
+    assert message.endswith(" (and 2 more: _C::rms_norm, _C::silu_and_mul (missing))")
+
+
 @given(st.dictionaries(st.text("abc:_", min_size=1), st.text("abc(), ", min_size=1), max_size=6))
 def test_every_pinned_op_is_either_matched_or_reported(candidate: dict[str, str]) -> None:
     problems = compare_schemas(PINNED, candidate)
@@ -327,3 +343,80 @@ def test_a_dead_servers_one_line_cause_is_the_error_not_the_last_line() -> None:
     assert likely_cause("just a line") == "just a line"  # nothing names an error: the last line
     assert likely_cause("") == ""
     assert len(likely_cause("RuntimeError: " + "x" * 500)) == 200
+
+
+def test_a_teardown_waits_while_another_lifetime_on_its_gpu_boots(tmp_path: Path) -> None:
+    """A torn-down server frees memory; a neighbour profiling at that moment would see free
+    memory grow and stop ("Error in memory profiling", vLLM v0.26 gpu_worker). So lifetime a,
+    done while b still boots, is torn down only once b's boot has ended."""
+    import contextlib
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bisect_tool.evaluate.server import server_evaluator
+    from bisect_tool.interfaces import ProbeResult, ServerHandle, SwapSet
+    from bisect_tool.recipe import Recipe
+    from bisect_tool.values import Verdict
+
+    pool = GpuPool(["0"], per_gpu=2)
+    order: list[str] = []
+    a_up = threading.Event()
+    a_wants_down = threading.Event()
+
+    class Backend:
+        @contextlib.contextmanager
+        def lifetime(self, spec: Any) -> Any:
+            name = spec.lifetime_id
+            if name == "b":
+                a_up.wait(10)
+                order.append("b boots")
+                # b's boot goes on after a asked to be torn down
+                assert a_wants_down.wait(10)
+                order.append("b booted")
+            else:
+                order.append("a booted")
+                a_up.set()
+            try:
+                yield ServerHandle("http://127.0.0.1:1", name, tmp_path / "log")
+            finally:
+                order.append(f"{name} torn down")
+
+        def check_compatible(self, swap: SwapSet) -> None:
+            return None
+
+    class Probe:
+        def run(self, server: ServerHandle, is_alive: object = None) -> ProbeResult:
+            if server.lifetime_id == "a":
+                # b holds the GPU's turn now: a's teardown must wait for it
+                threading.Timer(0.2, a_wants_down.set).start()
+            return ProbeResult(Verdict.CLEAN, {}, "clean")
+
+    class Given:
+        def get(self, commit: str, tags: object = ()) -> SwapSet:
+            return SwapSet(commit, {})
+
+        def prefetch(self, commits: object, tags: object) -> None:
+            return None
+
+    evaluator = server_evaluator(
+        Recipe("t"), Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
+        gpu_lease=pool.lease, boot_lock=pool.booting,
+    )
+    evaluator.probe_factory = lambda sequential: Probe()
+    with ThreadPoolExecutor(2) as threads:
+        first = threads.submit(evaluator.evaluate, "c" * 40, "a")
+        assert a_up.wait(10)
+        second = threads.submit(evaluator.evaluate, "c" * 40, "b")
+        seen = [first.result(timeout=30), second.result(timeout=30)]
+    assert [o.verdict for o in seen] == [Verdict.CLEAN, Verdict.CLEAN]
+    assert order.index("a torn down") > order.index("b booted")
+
+
+def test_servers_told_their_kv_cache_size_boot_side_by_side() -> None:
+    """vLLM's --kv-cache-memory-bytes skips the free-memory profile, so boots need no turn."""
+    from bisect_tool.runtime.gpus import profiles_free_memory
+
+    assert profiles_free_memory(["--enforce-eager", "--gpu-memory-utilization", "0.3"])
+    assert not profiles_free_memory(["--kv-cache-memory-bytes", "4294967296"])
+    assert not profiles_free_memory(["--kv-cache-memory-bytes=4G"])
+    assert profiles_free_memory(["--kv-cache-memory-bytes-not", "1"])

@@ -414,3 +414,59 @@ def test_with_two_slots_the_first_lifetime_runs_beside_the_controls(tmp_path: Pa
     assert met and summary["state"] == "done" and summary["flip_commit"] == shas[12]
     kinds = [e["type"] for e in read(path).entries]
     assert "controls" in kinds[:3]  # journaled with the first lifetimes, before the rest
+
+
+def test_controls_the_good_end_cannot_run_move_to_the_nearest_testable_candidate(
+    tmp_path: Path,
+) -> None:
+    """Issue 30 (the GPU case, 0.22.0's extension under 0.26.0's Python): the good end's
+    controls are refused by the gate, say so, and run on the next candidate toward the bad end;
+    the good end is untestable for lifetimes and the answer still comes."""
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.values import Direction, Observation, Verdict
+
+    shas = [f"{i:040x}" for i in range(1, 21)]
+    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
+                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    ran: list[str] = []
+
+    class Scripted:
+        def prepare(self, commits: object) -> None:
+            return None
+
+        def cancel(self) -> int:
+            return 0
+
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            assert commit != shas[0], "the refused good end booted a lifetime"
+            bad = shas.index(commit) >= 12
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    class Controls:
+        def __init__(self, commit: str) -> None:
+            self.commit = commit
+
+        def run(self) -> dict[str, object]:
+            ran.append(self.commit)
+            if self.commit == shas[0]:
+                return {"type": "controls", "commit": self.commit, "ok": False,
+                        "untestable": True, "attempts": 0,
+                        "problem": "the controls could not run: candidate lacks op "
+                                   "`_C::rms_norm`"}
+            return {"type": "controls", "commit": self.commit, "ok": True, "problem": "",
+                    "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
+
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng, recipe={"probe": {"controls": True}},
+                                          mode="recipe"))
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(Scripted(), 1, Controls),
+                              controls=True)
+    assert ran == [shas[0], shas[1]]
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
+    refused = read(path).of_type("controls")[0]
+    assert refused["untestable"] and "could not run" in refused["problem"]

@@ -163,8 +163,9 @@ def test_a_fast_probe_that_never_shows_the_bug_hands_over_to_lifetimes(tmp_path:
     assert [p["phase"] for p in phase] == ["faithful"]
     assert "could not narrow" in phase[0]["message"] and "never showed the bug" in phase[0][
         "message"]
-    # the op check is deterministic: one clean run at the bad end says it cannot show this bug
-    assert len(narrow.calls) == 1
+    # the op check is deterministic: one clean run at the bad end, and one at the good end
+    # (ends given the wrong way round would show the bug there), say it cannot show this bug
+    assert len(narrow.calls) == 2
     assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
 
 
@@ -431,3 +432,79 @@ def test_a_fast_probe_that_contradicts_itself_hands_over_in_one_line(tmp_path: P
     assert [p["phase"] for p in phases] == ["faithful"]
     assert "contradicted itself" in phases[0]["message"]
     assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
+
+
+class _Controls:
+    """Controls that hold until a fast-probe run meets them at ``together`` (so they pass only
+    when they run beside the narrowing), and record which commits they ran on."""
+
+    def __init__(self, together: Any, ran: list[str]) -> None:
+        self.together, self.ran = together, ran
+
+    def __call__(self, commit: str) -> _Controls:
+        self.commit = commit
+        return self
+
+    def run(self) -> dict[str, Any]:
+        self.ran.append(self.commit)
+        if self.together is not None:
+            self.together.wait()
+        return {"type": "controls", "commit": self.commit, "ok": True, "problem": "",
+                "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
+
+
+def test_the_controls_run_beside_the_fast_probe_once_it_has_checked_both_ends(
+    tmp_path: Path,
+) -> None:
+    """Issue 31: the controls boot a server (a minute of vLLM) while the op check narrows in
+    seconds a run, instead of before the first confirm lifetime. They meet a fast-probe run at
+    a barrier, so the run finishes only if they ran side by side; the controls are journaled
+    among the narrow runs, before the confirm step, on the good end."""
+    import threading
+
+    rng = _range(60)
+    shas = [c.sha for c in rng.candidates]
+    flip = 37
+    together = threading.Barrier(2, timeout=30)
+    met: list[str] = []
+
+    class Narrow(Scripted):
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            if len(self.calls) >= 2 and not met:  # a run after both ends were checked
+                together.wait()
+                met.append(commit)
+            return super().evaluate(commit, lifetime_id, tags)
+
+    ran: list[str] = []
+    narrow = Narrow(shas, flip, 1.0)
+    faithful = Scripted(shas, flip, 0.8, seed=2)
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        header = _header(rng)
+        header["recipe"]["probe"]["controls"] = True
+        journal.append(header)
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(
+            faithful, 1, _Controls(together, ran), narrow=narrow), controls=True)
+    assert met and summary["state"] == "done" and summary["flip_commit"] == shas[flip]
+    assert ran == [rng.good]
+    kinds = [e["type"] for e in read(path).entries]
+    assert kinds.index("controls") < kinds.index("phase")
+
+
+def test_ends_the_wrong_way_round_stop_before_the_controls_boot(tmp_path: Path) -> None:
+    """The fast probe shows the bug at the good end and not at the bad one: the run stops in
+    seconds, and no controls server was started for nothing."""
+    rng = _range(30)
+    shas = [c.sha for c in rng.candidates]
+    narrow = Scripted(shas, 0, 1.0)
+    narrow.outcomes = {rng.good: True, rng.bad: False}
+    ran: list[str] = []
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(_header(rng))
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(
+            Scripted(shas, 0, 1.0), 1, _Controls(None, ran), narrow=narrow), controls=True)
+    assert summary["state"] == "ends_contradict"
+    assert ran == [] and len(narrow.calls) == 2

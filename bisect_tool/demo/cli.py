@@ -191,9 +191,10 @@ def _write_report(journal_path: Path, out: Path) -> tuple[Path, Path | None, str
     from bisect_tool.report import render_report
 
     out.mkdir(parents=True, exist_ok=True)
-    plot = (out / PLOT_NAME).resolve()  # absolute: the report links it from wherever it is read
+    plot = (out / PLOT_NAME).resolve()
     plot.unlink(missing_ok=True)  # a stale plot from an earlier run must not be reported
-    markdown = render_report(journal_path, "md", plot)
+    # linked relative to the report beside it: the folder can move, or be attached whole
+    markdown = render_report(journal_path, "md", plot, link_from=out)
     report = out / REPORT_NAME
     report.write_text(markdown + "\n")
     return report.resolve(), (plot.resolve() if plot.exists() else None), markdown

@@ -7,7 +7,8 @@ whatever comes next. It is rebuilt from the journal entry by entry (``apply``) a
 
 - ``Work``: lifetimes to run now (several at once when there are slots), each an ``Item``; an
   item may be the controls instead (the positive and negative controls on one candidate, which
-  must hold before a clean lifetime counts), run beside the first lifetimes where slots allow;
+  must hold before a clean lifetime counts), run beside the first lifetimes where slots allow,
+  or in the background while a fast probe narrows (``Item.background``);
 - ``Record``: an entry to journal as is (the tiered search moving to its next phase);
 - ``Finish``: the end state and its one-line message.
 
@@ -33,7 +34,9 @@ from bisect_tool.verdict import EndState
 class Item:
     """One lifetime to run: which evaluator (``arm``), which candidate, its lifetime id, and the
     design's own key for it (a position and tier, a cell), handed back with the observation.
-    ``controls``: the controls on the candidate instead (their entry is journaled as is)."""
+    ``controls``: the controls on the candidate instead (their entry is journaled as is).
+    ``background``: the engine starts it and goes on deciding without waiting for it; it is
+    journaled when it ends (before the next decision), and a ``Finish`` waits for it."""
 
     arm: str
     commit: str
@@ -41,10 +44,11 @@ class Item:
     tags: tuple[str, ...] = ()
     key: Any = None
     controls: bool = False
+    background: bool = False
 
 
-def controls_item(commit: str, arm: str) -> Item:
-    return Item(arm, commit, f"controls-{commit}", controls=True)
+def controls_item(commit: str, arm: str, *, background: bool = False) -> Item:
+    return Item(arm, commit, f"controls-{commit}", controls=True, background=background)
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def drive(
         if isinstance(step, Record):
             design.apply(step.entry)
             continue
-        for item in step.items:
+        for item in step.items:  # background items too: here nothing runs beside anything
             if item.controls:
                 if controls is None:
                     raise ValueError("the design asked for controls, but none can run here")

@@ -18,7 +18,7 @@ from typing import Any
 
 from bisect_tool import entries, lookahead
 from bisect_tool.designs import Finish, Item, Record, Step, Work, controls_item
-from bisect_tool.ends import good_end_not_good
+from bisect_tool.ends import SUSPECT_LIFETIMES_FACTOR, good_end_not_good
 from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.recipe import SearchSettings
@@ -39,6 +39,8 @@ class _Lifetimes:
 
     tier: Tier
     within: tuple[int, int] | None = None
+    at: int | None = None  # this one candidate, for the reason ``why``
+    why: str = ""
 
 
 _Decision = _Lifetimes | Finish | Record
@@ -59,10 +61,15 @@ class BisectDesign:
         self.state = state
         self.slots = max(1, slots)
         self.controls = controls
+        # the controls were handed out to run in the background and have not come back yet
+        # (not journaled: a resumed run asks for them again)
+        self._controls_running = False
 
     # -- the Design protocol ----------------------------------------------------------------
 
     def apply(self, entry: Mapping[str, Any]) -> None:
+        if entry.get("type") == "controls":
+            self._controls_running = False
         self.state.apply(entry)
 
     def next_step(self) -> Step:
@@ -73,7 +80,10 @@ class BisectDesign:
         decision = decide(state)
         if not isinstance(decision, _Lifetimes):
             return decision
-        if decision.tier is Tier.FAITHFUL and self.controls and state.controls is None:
+        wanted = self.controls and state.controls is None and not self._controls_running
+        if wanted and decision.tier is Tier.NARROW:
+            return self._narrow_beside_controls(decision)
+        if decision.tier is Tier.FAITHFUL and wanted:
             # Before the first lifetime counts: the controls, on the good end or, where the
             # pinned stack cannot run it, the nearest testable candidate toward the bad end. A
             # tiered run narrows first, so its fast probe gates the ends before this.
@@ -92,6 +102,24 @@ class BisectDesign:
                 return Work((controls,))
             return Work((controls, *first.items), first.prepare, first.events)
         return self._lifetimes(decision)
+
+    def _narrow_beside_controls(self, decision: _Lifetimes) -> Step:
+        """The fast probe's next runs, and the controls started in the background once it has
+        checked both ends: they boot a server (a minute for vLLM) while the op check narrows in
+        seconds a run, so the confirm step finds them done (issue 31: 180 s of controls before
+        the first lifetime on the H100). Before both ends are checked they wait: ends given the
+        wrong way round stop the run in seconds, with nothing booted."""
+        step = self._lifetimes(decision)
+        narrow = self.state.strategy_for(Tier.NARROW).summary()
+        bad, good_narrow = narrow.ends
+        _, good = self.state.strategy.summary().ends
+        checked = (bad is not None and good_narrow is not None
+                   and narrow.total[bad] > 0 and narrow.total[good_narrow] > 0)
+        if not isinstance(step, Work) or not checked or good is None:
+            return step
+        self._controls_running = True
+        controls = controls_item(self.state.candidates[good].sha, FAITHFUL, background=True)
+        return Work((*step.items, controls), step.prepare, step.events)
 
     def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
         position, tier = item.key
@@ -119,13 +147,24 @@ class BisectDesign:
         strategy.set_costs(state.measured_costs(tier))
         suspect = self._suspect_good_end(decision)
         try:
-            batch = ([Choice(suspect, slots, "the good end showed the bug: a false alarm, "
-                             "or not a good end?")] if suspect is not None
-                     else strategy.select_batch(slots, decision.within))
+            if decision.at is not None:
+                batch = [Choice(decision.at, 1, decision.why)]
+            elif suspect is not None:
+                batch = [Choice(suspect, slots, "the good end showed the bug: a false alarm, "
+                                "or not a good end?")]
+            else:
+                batch = strategy.select_batch(slots, decision.within)
         except NoCandidateLeft as exc:
             if tier is Tier.NARROW or decision.within is not None:
                 return _switch(Phase.FAITHFUL, f"the tiered search cannot go on ({exc}); going "
                                                "on with lifetimes over the whole range")
+            summary = strategy.summary()
+            _, good = summary.ends
+            if good is not None and summary.divergent[good]:
+                # nothing left to run, and the good end showed the bug: that, not an untestable
+                # range, is why no flip holds the confidence
+                return Finish(EndState.ENDS_CONTRADICT, ends_contradict_message(
+                    state, "good", summary, good_end_not_good(summary)))
             return Finish(EndState.NO_CANDIDATE, str(exc))
         items: list[Item] = []
         events: list[Event] = []
@@ -156,7 +195,7 @@ class BisectDesign:
         if decision.tier is not Tier.FAITHFUL or decision.within is not None or s.deterministic:
             return None
         _, good = s.ends
-        if good is None or s.total[good] >= self.state.settings.max_end_lifetimes:
+        if good is None or s.total[good] >= _suspect_lifetimes(self.state.settings):
             return None
         not_good = good_end_not_good(s)
         return good if not_good > 1 - s.threshold else None
@@ -196,6 +235,11 @@ def _narrow_step(state: State) -> _Decision:
     )
     runs = state.runs[Tier.NARROW]
     kind = narrow_kind(state.header) or "fast"
+    # the ends first: a good end that shows the bug is a wrong --good (or ends given the wrong
+    # way round), not a flaky probe
+    shown = _fast_probe_good_end(state, narrow, kind)
+    if shown is not None:
+        return shown
     contradiction = narrow.contradiction if narrow.deterministic else None
     if contradiction is not None:
         # The op check runs fixed inputs: a clean run on the bad side of a divergent one is the
@@ -206,9 +250,15 @@ def _narrow_step(state: State) -> _Decision:
             f"the {kind} probe contradicted itself (the bug at {divergent.label}, none at "
             f"{clean.label} nearer the bad end): it does not behave deterministically for this "
             "bug here; going on with lifetimes over the whole range, every observation kept"))
-    shown = _fast_probe_good_end(state, narrow, kind)
-    if shown is not None:
-        return shown
+    bad_end, good_end = narrow.ends
+    t = narrow.total
+    if bad_end is not None and good_end is not None and t[bad_end] and not t[good_end] \
+            and not narrow.divergent.any():
+        # A quiet bad end may be ends given the wrong way round (0.22.0 as good, 0.28.0 as
+        # bad): one run at the good end tells that in seconds, before any server boots.
+        return _Lifetimes(Tier.NARROW, at=good_end, why=(
+            "the bad end did not show the bug: check the good end (are the ends the wrong way "
+            "round?)"))
     reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe", False)
     if reason is None and not narrow.total.any() and len(narrow.untestable) >= 2:
         # Two candidates in a row the fast probe could not run, and none it could: it cannot
@@ -349,7 +399,10 @@ def _stop_reason(
     if contradicted is not None:
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
     not_good = good_end_not_good(s) if faithful else 0.0
-    if not_good >= s.threshold:
+    tested = s.total[good] >= _suspect_lifetimes(settings)
+    if not_good >= s.threshold or (tested and not_good > 1 - s.threshold):
+        # it is not a good end, or after all the lifetimes it gets it cannot be told from one
+        # at the asked confidence: either way no flip can be named
         return EndState.ENDS_CONTRADICT, ends_contradict_message(state, "good", s, not_good)
     done = s.done and s.confidence * (1 - not_good) >= s.threshold
     if s.total[bad] and s.total[good] and done and s.bug_shown:
@@ -412,6 +465,11 @@ def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None
     return None
 
 
+def _suspect_lifetimes(settings: SearchSettings) -> int:
+    """How many lifetimes a good end that showed the bug gets before its doubt stands."""
+    return SUSPECT_LIFETIMES_FACTOR * settings.max_end_lifetimes
+
+
 def ends_contradict_message(
     state: State, end: str, summary: Summary | None = None, not_good: float = 0.0
 ) -> str:
@@ -427,8 +485,13 @@ def ends_contradict_message(
     beyond, not_bad = s.good_end_doubt, s.bad_end_doubt
     if end == "good":
         older = "older" if state.direction is Direction.REGRESSION else "newer"
-        why = (f"P = {not_good:.3f} that it is not a good end, more than a false alarm explains"
-               if not_good else f"P = {beyond:.3f} that the flip lies beyond it")
+        if not_good >= s.threshold:
+            why = f"P = {not_good:.3f} that it is not a good end, more than a false alarm explains"
+        elif not_good:
+            why = (f"P = {not_good:.3f} that it is not a good end: its own lifetimes cannot tell "
+                   "a false alarm from a good end that is not good")
+        else:
+            why = f"P = {beyond:.3f} that the flip lies beyond it"
         return (
             f"the good end {sha} shows the bug ({d} of {t} lifetimes divergent; {why}): give an "
             f"{older} --good, or check that the probe can pass at all (a missing file or a "

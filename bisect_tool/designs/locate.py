@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bisect_tool import entries
+from bisect_tool.cause import one_line
 from bisect_tool.designs import Finish, Item, Step, Work, controls_item
 from bisect_tool.events import Event
 from bisect_tool.matrix import CELLS, Cell, CellCounts, Finding, Side, conclude, next_cell
 from bisect_tool.range import Candidate
-from bisect_tool.runtime.common import likely_cause
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState, Evidence, controls_problem, evidence
 
@@ -124,14 +124,10 @@ def counts_of(observations: Iterable[Mapping[str, Any]]) -> dict[Cell, CellCount
             counts[cell] = CellCounts(c.divergent + (seen is Evidence.BUG), c.total + 1,
                                       c.untestable)
         elif seen is Evidence.CANNOT_RUN and not c.total:
-            # the first line says what failed, the last of a log tail why (the whole tail
-            # stays in the journal)
-            message = str(obs.get("message") or "?")
-            first, _, log_tail = message.partition("\n")
-            why = first.strip() or "?"
-            if log_tail.strip() and "log tail" in why:
-                why = f"{why.split('; log tail')[0]}: {likely_cause(log_tail)}"
-            counts[cell] = CellCounts(c.divergent, c.total, why[:300])
+            # the first line says what failed, the first error of a log tail why (the whole
+            # tail stays in the journal and the lifetime's log)
+            why = one_line(str(obs.get("message") or ""), 300) or "?"
+            counts[cell] = CellCounts(c.divergent, c.total, why)
     return counts
 
 

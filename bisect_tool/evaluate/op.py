@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bisect_tool.errors import (
@@ -66,10 +67,14 @@ class OpEvaluator(_ArtifactEvaluator):
             )
         artifacts_s = time.monotonic() - started
         self._announce(commit, artifacts_s)
-        gate = self._gate_result(swap)
         path = next(iter(swap.files.values()))
         probing = time.monotonic()
-        result = self.op_probe.run_extension(path, self.env)
+        # The gate and the op check each load the extension in a fresh interpreter (seconds
+        # of torch import each): side by side, a candidate costs the longer of the two.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bisect-gate") as aside:
+            gated = aside.submit(self._gate_result, swap)
+            result = self.op_probe.run_extension(path, self.env)
+            gate = gated.result()
         detail: dict[str, Any] = {**result.detail, **swap_facts(swap)}
         detail["timing"] = {
             "artifacts_s": round(artifacts_s, 3),

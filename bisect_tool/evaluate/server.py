@@ -98,7 +98,16 @@ class ServerEvaluator(_ArtifactEvaluator):
                 # GiB"). The next lifetime's boot still overlaps this one's probe.
                 with self.boot_lock(gpu):
                     server = running.enter_context(self.backend.lifetime(spec))
-                yield server
+                try:
+                    yield server
+                finally:
+                    # A teardown frees memory, which a neighbour's profile run would count
+                    # against itself: vLLM asserts that free memory did not grow while it
+                    # profiled ("Error in memory profiling", v0.26
+                    # vllm/v1/worker/gpu_worker.py determine_available_memory). So a server
+                    # is torn down, like one boots, while no other boots on its GPU.
+                    with self.boot_lock(gpu):
+                        running.close()
 
         return _boot()
 

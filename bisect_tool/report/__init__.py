@@ -1,43 +1,60 @@
 """`bisect report`: the journal's facts (``facts``), rendered as Markdown for the issue tracker
-(``markdown``), as JSON with the same content (``json_out``), and as a posterior plot (``plot``).
+(``markdown``), as JSON with the same content (``json_out``), and as a posterior plot (``plot``);
+a locate's journal has its own report (``locate``).
 
-Every renderer takes the facts dict ``build_report`` makes, so the outputs cannot disagree.
-The shape follows cargo-bisect-rustc's issue reports: the answer first, then the range and
-environment, and the long parts folded into ``<details>``.
+Every renderer takes the facts dict its builder makes, so the outputs cannot disagree. The
+shape follows cargo-bisect-rustc's issue reports: the answer first, then the range and the
+environment, and the long parts folded into one ``<details>``. ``render_report`` is the edge:
+it reads the journal and replays it; everything it calls is pure.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from bisect_tool.report.facts import REPORT_VERSION, build_report
 from bisect_tool.report.json_out import render_json
-from bisect_tool.report.markdown import render_markdown
+from bisect_tool.report.locate import build_locate_report, render_locate_markdown
+from bisect_tool.report.markdown import CAP, render_markdown
 from bisect_tool.report.plot import plot_posterior, text_plot
 from bisect_tool.values import SearchState
 
 __all__ = [
+    "CAP",
     "REPORT_VERSION",
     "SearchState",
+    "build_locate_report",
     "build_report",
     "plot_posterior",
     "render_json",
+    "render_locate_markdown",
     "render_markdown",
     "render_report",
     "text_plot",
 ]
 
 
-def render_report(journal_path: Path, fmt: str = "md", plot: Path | None = None) -> str:
-    """The report of the journal at ``journal_path``: Markdown (with ``plot`` written) or JSON."""
+def render_report(
+    journal_path: Path, fmt: str = "md", plot: Path | None = None,
+    link_from: Path | None = None,
+) -> str:
+    """The report of the journal at ``journal_path`` (a bisect's or a locate's): Markdown (with
+    ``plot`` written, and linked relative to ``link_from``, the folder the report is read
+    from) or JSON."""
     from bisect_tool import journal, redact, session
     from bisect_tool.errors import UsageError
 
     contents = journal.read(journal_path)
-    built = build_report(
-        contents, session.replay(contents).search_state(), bundled_recipe=_bundled(contents)
-    )
+    bundled = _bundled(contents)
     # The journal is redacted as it is written; this also covers one written before that.
+    if contents.header.get("mode") == "locate":
+        located = build_locate_report(contents, bundled)
+        return redact.text(render_json(located) if fmt == "json"
+                           else render_locate_markdown(located))
+    built = build_report(contents, session.replay(contents).search_state(),
+                         bundled_recipe=bundled, alone=lifetimes_alone(contents))
     if fmt == "json":
         return redact.text(render_json(built))
     written = None
@@ -49,7 +66,40 @@ def render_report(journal_path: Path, fmt: str = "md", plot: Path | None = None)
                 f"cannot write the plot to {plot} ({exc.strerror or exc}); give --plot a path "
                 "in a folder you can write"
             ) from None
-    return redact.text(render_markdown(built, plot=written))
+    link = None
+    if written is not None:
+        link = Path(os.path.relpath(written.resolve(), (link_from or Path.cwd()).resolve()))
+    return redact.text(render_markdown(built, plot=link))
+
+
+def lifetimes_alone(contents: Any) -> float | None:
+    """A tiered run's confidence from its server lifetimes alone: the same journal replayed
+    without the op check (its runs and phases left out, the recipe's ``narrow`` off), the
+    candidates the pinned stack rejected still untestable. None for a run without an op check."""
+    import copy
+
+    from bisect_tool import session
+    from bisect_tool.journal import JournalContents
+
+    header = contents.header
+    probe = (header.get("recipe") or {}).get("probe") or {}
+    if not probe.get("narrow") or header.get("mode") != "recipe":
+        return None
+    plain = copy.deepcopy(dict(header))
+    plain["recipe"]["probe"]["narrow"] = ""
+    entries = []
+    for entry in contents.entries:
+        if entry.get("type") == "phase":
+            continue
+        if entry.get("type") == "observation" and entry.get("tier") == "narrow":
+            detail = entry.get("detail") if isinstance(entry.get("detail"), dict) else {}
+            if detail.get("gate") not in (None, "ok"):  # the gate's verdict is not the op's
+                entries.append({"type": "untestable", "commit": entry.get("commit"),
+                                "position": entry.get("position"), "message": detail["gate"]})
+            continue
+        entries.append(entry)
+    replayed = session.replay(JournalContents(plain, tuple(entries), contents.torn_tail))
+    return float(replayed.search_state().confidence)
 
 
 def _bundled(contents: object) -> dict[str, object] | None:

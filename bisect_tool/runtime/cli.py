@@ -8,7 +8,9 @@ checkpoint at the config's ``initializer_range`` (transformers' ``from_config``)
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,22 @@ import click
 from bisect_tool.errors import InfrastructureError, UsageError
 
 DTYPES = ("float16", "bfloat16", "float32")
+#: written beside a random checkpoint: the seed, dtype, torch and transformers that made it
+WEIGHTS_RECORD = "bisect-weights.json"
+
+
+def config_file_of(config: Path) -> Path:
+    return config / "config.json" if config.is_dir() else config
+
+
+def bundled_config(config: Path) -> Path:
+    """``models/qwen3-0.6b`` as the recipes name it: a path, else one of the bundled configs
+    (the one a recipe's ``weights = "random:models/qwen3-0.6b"`` uses)."""
+    from bisect_tool.recipe import BUNDLED_DIR
+
+    if not config.exists() and not config.is_absolute() and (BUNDLED_DIR / config).exists():
+        return BUNDLED_DIR / config
+    return config
 
 
 @click.group("model")
@@ -38,6 +56,7 @@ def make_random_checkpoint(
     config: Path, out: Path, *, dtype: str = "float16", seed: int = 0
 ) -> Path:
     """Write a random checkpoint (safetensors + config) for ``config`` into ``out``."""
+    config = bundled_config(config)
     if not config.exists():
         raise UsageError(f"config not found: {config}; give a config.json or the folder holding it")
     config_dir = config if config.is_dir() else config.parent
@@ -58,6 +77,13 @@ def make_random_checkpoint(
         model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch_dtype)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
+    # how it was made, for the report's "reproduce" (issue 32: the report told a maintainer to
+    # serve the published weights, while the run used this random checkpoint)
+    (out / WEIGHTS_RECORD).write_text(json.dumps({
+        "config_sha256": hashlib.sha256(config_file_of(config).read_bytes()).hexdigest(),
+        "seed": seed, "dtype": dtype, "torch": str(torch.__version__),
+        "transformers": str(transformers.__version__),
+    }, indent=2, sort_keys=True) + "\n")
     # Tokenizer and generation files beside the config travel with it; config.json is the one
     # save_pretrained just wrote (with the dtype recorded).
     for extra in config_dir.glob("*.json"):
@@ -72,7 +98,8 @@ def make_random_checkpoint(
     "config",
     required=True,
     type=click.Path(path_type=Path),
-    help="config.json (or its folder) of the model to imitate",
+    help="config.json (or its folder) of the model to imitate; models/qwen3-0.6b is the bundled "
+    "one the batch-invariance recipe uses",
 )
 @click.option(
     "--out",

@@ -33,6 +33,22 @@ try:
     facts["triton"] = triton.__version__
 except Exception:
     pass
+# what a maintainer compares with the reported setup: the sampler and model libraries, and the
+# compiled files of the pinned package that its install lacks (a stack carried without them)
+import importlib.metadata as md
+for dist, key in (("flashinfer-python", "flashinfer"), ("flashinfer", "flashinfer"),
+                  ("transformers", "transformers"), ("xgrammar", "xgrammar")):
+    try:
+        facts.setdefault(key, md.version(dist))
+    except Exception:
+        pass
+try:
+    record = md.files(sys.argv[1]) or []
+    facts["missing_extensions"] = sorted(
+        str(f) for f in record
+        if (str(f).endswith((".so", ".pyd")) or ".so." in str(f)) and not f.locate().exists())
+except Exception:
+    pass
 print(json.dumps(facts))
 """
 
@@ -71,6 +87,7 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
             facts["python"] = f"unknown ({interpreter} did not answer)"
         if runtime.pinned_package_dir:
             facts["pinned_stack"] = runtime.pinned_package_dir
+    facts.update(_weights_facts(recipe))
     try:
         smi = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -85,3 +102,23 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         pass
     return facts
+
+
+def _weights_facts(recipe: Any) -> dict[str, Any]:
+    """How the random checkpoint the lifetimes load was made (its seed, dtype, torch and
+    transformers; ``runtime.cli.WEIGHTS_RECORD``), so the report can say how to make it again.
+    The checkpoint exists by now: the evaluators made it before the first lifetime."""
+    from pathlib import Path
+
+    from bisect_tool.errors import BisectError
+    from bisect_tool.runtime.cli import WEIGHTS_RECORD
+    from bisect_tool.runtime.weights import resolve_weights
+
+    if not str(recipe.runtime.weights).startswith("random:"):
+        return {}
+    try:
+        model = resolve_weights(recipe).runtime.model
+        record = json.loads((Path(model) / WEIGHTS_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError, BisectError):
+        return {}
+    return {"weights": record} if isinstance(record, dict) else {}

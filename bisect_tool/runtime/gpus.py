@@ -3,9 +3,11 @@
 One lifetime per GPU by default: the bug under study depends on how a step's batch forms, so two
 servers sharing a device perturb each other's timing. ``[runtime] lifetimes_per_gpu`` lets
 several share one (a small model on a large GPU); ``booting(gpu)`` then lets only one of them
-boot at a time, so the next lifetime's boot overlaps this one's probe but never its memory
-profiling. With no GPUs (CPU targets such as the demo engine) the pool hands out anonymous slots
-(``None``) to bound concurrency instead.
+boot (or be torn down) at a time, so the next lifetime's boot overlaps this one's probe but never
+its memory profiling. A server told its KV cache size (vLLM's ``--kv-cache-memory-bytes``)
+profiles no free memory, so its boots need no turn (``profiles_free_memory``). With no GPUs
+(CPU targets such as the demo engine) the pool hands out anonymous slots (``None``) to bound
+concurrency instead.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from bisect_tool.errors import UsageError
 
@@ -72,3 +74,19 @@ class GpuPool:
             return
         with lock:
             yield
+
+
+#: vLLM's flag that fixes the KV cache's size: its worker then skips the free-memory profile
+#: (v0.26 vllm/v1/worker/gpu_worker.py determine_available_memory returns the given size after
+#: a plain profile run), so servers booting side by side on one GPU cannot upset each other's
+#: sizing and boots may overlap.
+KV_CACHE_SIZE_FLAG = "--kv-cache-memory-bytes"
+
+
+def profiles_free_memory(server_args: Iterable[str]) -> bool:
+    """Whether a server started with ``server_args`` sizes its memory from what is free on the
+    GPU at boot (vLLM's default), so boots and teardowns on a shared GPU must take turns."""
+    return not any(
+        arg == KV_CACHE_SIZE_FLAG or arg.startswith(KV_CACHE_SIZE_FLAG + "=")
+        for arg in server_args
+    )

@@ -190,8 +190,18 @@ def check_pair(
 ) -> None:
     problems = compare_schemas(pinned, candidate)
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        # every op named (issue 32: "(and 3 more)" left a reader to guess which); the schemas
+        # in full for the first one only
+        others = [_op_of(p) for p in problems[1:]]
+        more = f" (and {len(others)} more: {', '.join(others)})" if others else ""
         raise IncompatibleExtension(f"candidate {short(commit)}: {swap_path}: {problems[0]}{more}")
+
+
+def _op_of(problem: str) -> str:
+    """The op a ``compare_schemas`` problem names, with what happened to it."""
+    if problem.startswith("candidate lacks op "):
+        return f"{problem.removeprefix('candidate lacks op ')} (missing)"
+    return problem.removeprefix("op ").split(" changed:", 1)[0]
 
 
 def is_extension(rel_path: str) -> bool:
