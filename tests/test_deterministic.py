@@ -22,7 +22,7 @@ from bisect_tool.tiers import Tier
 
 #: without the flag, a never-contradicting probe's runs at N = 252 and 60: the honest search's
 #: worst case over every flip (bench/cost_bounds.py prints it against 2 ceil(log2 N))
-UNFLAGGED_MAX = {252: 21, 60: 17}
+UNFLAGGED_MAX = {252: 20, 60: 17}
 
 
 @pytest.fixture(scope="module")
