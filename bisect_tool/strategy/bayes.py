@@ -79,8 +79,9 @@ class BayesianStrategy:
 
     def set_costs(self, costs: Costs) -> None:
         """Choose by these costs from now on (the run's measured ones)."""
-        self._policy.costs = costs
-        self._summary = None
+        if costs != self._policy.costs:
+            self._policy.costs = costs
+            self._summary = None
 
     def _changed(self) -> None:
         self._post.invalidate()
