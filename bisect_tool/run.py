@@ -96,6 +96,7 @@ class StartRequest:
     run_timeout: float = 0.0
     paths: tuple[str, ...] = ()
     search_overrides: Mapping[str, Any] | None = None  # without a recipe: --confidence etc.
+    deterministic: bool = False  # --deterministic: one run a candidate (git bisect's contract)
     command: tuple[str, ...] = ()
     releases: ReleaseRequest | None = None
     carried: Carried | None = None
@@ -175,7 +176,9 @@ def _create(request: StartRequest) -> tuple[Path, CommitRange]:
         commit_range = resolve_range(request.repo, request.good, request.bad, path_filter)
     if path.exists():  # a finished bisect; kept until the new range resolved
         path.unlink()
-    recipe_dict = recipe.to_dict() if recipe else {"search": dict(request.search_overrides or {})}
+    recipe_dict = session.header_recipe(
+        recipe, request.search_overrides, deterministic=request.deterministic
+    )
     mode = "run" if request.run_command else ("recipe" if recipe else "manual")
     clone = request.releases is None or request.releases.then_commits
     if request.carried is not None:
@@ -282,7 +285,8 @@ def _continue_to_commits(
     from bisect_tool import recipe as recipe_mod
     from bisect_tool.range import open_repo, resolve_ref
 
-    block, mass = state.strategy.top_block()
+    summary = state.strategy.summary()
+    block, mass = summary.block, summary.confidence
     old_c, new_c = state.candidates[block[0] - 1], state.candidates[block[-1]]
     if not old_c.tags or not new_c.tags:
         return None
