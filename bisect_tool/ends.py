@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from bisect_tool.strategy import BayesianStrategy
+from bisect_tool.strategy import Summary
 from bisect_tool.values import Direction
 
 
@@ -40,16 +40,16 @@ def _log_sequence(d: int, t: int, a: float, b: float, seen_d: int, seen_t: int) 
 SUSPECT_LIFETIMES_FACTOR = 2
 
 
-def good_end_not_good(s: BayesianStrategy) -> float:
+def good_end_not_good(s: Summary) -> float:
     """P(the good end shows the bug although the flip lies inside the range | its lifetimes)."""
-    _, good = s.effective_ends()
+    _, good = s.ends
     if good is None:
         return 0.0
-    divergent, total = s.counts.divergent, s.counts.total
+    divergent, total = s.divergent, s.total
     d_g, t_g = int(divergent[good]), int(total[good])
     if not d_g:
         return 0.0
-    flip = s.top_block()[0][0]
+    flip = s.block[0]
     positions = range(len(total))
     if s.direction is Direction.REGRESSION:
         bad_side = [i for i in positions if i >= flip]

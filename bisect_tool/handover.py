@@ -44,7 +44,8 @@ def commit_request(
     from bisect_tool import recipe as recipe_mod
     from bisect_tool.range import open_repo, resolve_ref
 
-    block, mass = state.strategy.top_block()
+    summary = state.strategy.summary()
+    block, mass = summary.block, summary.confidence
     old_c, new_c = state.candidates[block[0] - 1], state.candidates[block[-1]]
     if not old_c.tags or not new_c.tags:
         return None

@@ -76,11 +76,10 @@ def depth(setting: int, facts: BuildFacts, costs: Costs) -> int:
 
 def _divergent_chance(strategy: BayesianStrategy, position: int) -> float:
     """P(the next run at ``position`` shows the bug), from the posterior's medians."""
-    bad_side = float(strategy.bad_side_probability()[position])
+    bad_side = float(strategy.summary().bad_side[position])
     with np.errstate(invalid="ignore", divide="ignore"):
-        p, _ = strategy.rate_summary("p")
-        q, _ = strategy.rate_summary("q")
-    chance = bad_side * p + (1 - bad_side) * q
+        rates = strategy.rates()
+    chance = bad_side * rates.p_median + (1 - bad_side) * rates.q_median
     # a rate posterior with no mass left to spread (every lifetime on one side) says nothing
     return chance if math.isfinite(chance) else bad_side
 
@@ -114,7 +113,7 @@ def picks_after(
                 continue
             path = reach * likely
             frontier.append((path, twin, choice.position))
-            at_hand = choice.position in here.prepared or choice.position in here.artifacts_ready
+            at_hand = choice.position in here.summary().at_hand
             if choice.position not in skip and not at_hand \
                     and path > chance.get(choice.position, 0.0):
                 chance[choice.position] = path
@@ -137,7 +136,7 @@ def lookahead(
     if not artifacts or (recipe.get("probe") or {}).get("kind") == ProbeKind.RUN:
         return []
     k = depth(int(artifacts.get("prefetch", CHOSEN_BY_RUN)), build_facts(recipe, tier),
-              strategy.costs)
+              strategy.summary().costs)
     if k <= 0 or not batch:
         return []
     return picks_after(strategy, batch[0], k, within, batch)

@@ -166,7 +166,7 @@ MIN_PER_CELL = 2
 
 
 def stop_threshold(confidence: float) -> float:
-    """As the search's (``BayesianStrategy.STOP_FACTOR``): stricter than the confidence."""
+    """As the search's (``bisect_tool.strategy.stop_threshold``): stricter than the confidence."""
     return 1 - (1 - confidence) / 2
 
 

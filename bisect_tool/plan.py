@@ -160,7 +160,7 @@ def _one_run(
 
     state = session.replay(JournalContents(dict(header), ()))
     n = len(state.candidates) - 1
-    flip = int(rng.integers(1, n + 1))  # the hypotheses f = 1..n (strategy.py)
+    flip = int(rng.integers(1, n + 1))  # the hypotheses f = 1..n (bisect_tool.strategy)
     regression = state.direction is Direction.REGRESSION
 
     def bad(position: int) -> bool:
@@ -189,7 +189,7 @@ def _one_run(
 
     with contextlib.suppress(_Capped):
         drive(BisectDesign(state, slots=slots), evaluate)
-    block, _ = state.strategy.top_block()
+    block = state.strategy.summary().block
     return counts[Tier.NARROW], counts[Tier.FAITHFUL], frozenset(ran), flip in block
 
 
@@ -253,7 +253,9 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
     commit_range, recipe, extra = resolve(request)
     header = session.header_for(
         commit_range,
-        recipe=recipe.to_dict() if recipe else {"search": dict(request.search_overrides or {})},
+        recipe=session.header_recipe(
+            recipe, request.search_overrides, deterministic=request.deterministic
+        ),
         mode="run" if request.run_command else ("recipe" if recipe else "manual"),
         **extra,
     )

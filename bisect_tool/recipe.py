@@ -132,6 +132,10 @@ class ProbeSettings:
     # both sides of it ("" = none; "op": the op check below on each candidate's extension).
     # See bisect_tool/tiers.py.
     narrow: str = ""
+    # git bisect's contract (``--deterministic``): the probe gives a candidate the same answer
+    # every run, so each candidate runs once, at most ceil(log2 N) + 2 runs in all; a run that
+    # contradicts itself (one candidate both ways, or the ends) stops with exit 9.
+    deterministic: bool = False
     # What the issue being bisected reported, in words; the report compares what the lifetimes
     # showed with it (e.g. "different logprobs across repeats at ~44 co-resident sequences").
     reported_symptom: str = ""

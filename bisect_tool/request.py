@@ -55,6 +55,7 @@ class StartRequest:
     run_timeout: float = 0.0
     paths: tuple[str, ...] = ()
     search_overrides: Mapping[str, Any] | None = None  # without a recipe: --confidence etc.
+    deterministic: bool = False  # --deterministic: one run a candidate (git bisect's contract)
     command: tuple[str, ...] = ()
     releases: ReleaseRequest | None = None
     carried: Carried | None = None
@@ -97,7 +98,9 @@ def create_journal(request: StartRequest) -> tuple[Path, CommitRange]:
     commit_range, recipe, extra = resolve(request)
     if path.exists():  # a finished bisect; kept until the new range resolved
         path.unlink()
-    recipe_dict = recipe.to_dict() if recipe else {"search": dict(request.search_overrides or {})}
+    recipe_dict = session.header_recipe(
+        recipe, request.search_overrides, deterministic=request.deterministic
+    )
     mode = "run" if request.run_command else ("recipe" if recipe else "manual")
     clone = request.releases is None or request.releases.then_commits
     if request.carried is not None:

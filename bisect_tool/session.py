@@ -20,7 +20,7 @@ from bisect_tool.ends import good_end_not_good
 from bisect_tool.errors import StateError
 from bisect_tool.journal import JournalContents
 from bisect_tool.range import Candidate, CommitRange
-from bisect_tool.recipe import SearchSettings
+from bisect_tool.recipe import Recipe, SearchSettings
 from bisect_tool.strategy import BayesianStrategy, Costs, Priors
 from bisect_tool.tiers import (
     MixturePrior,
@@ -75,6 +75,31 @@ def header_for(
         tool_version=__version__,
         **more,
     )
+
+
+def header_recipe(
+    recipe: Recipe | None,
+    search_overrides: Mapping[str, Any] | None = None,
+    *,
+    deterministic: bool = False,
+) -> dict[str, Any]:
+    """The header's ``recipe``: the recipe whole, or without one (``--run``, manual) the search
+    flags; ``[probe] deterministic`` either way when ``--deterministic`` was given.
+
+    Without a recipe nothing is fetched or built: a new candidate costs what another run of one
+    does (a ``--run`` measures it so; a verdict given by hand is one run either way), so the
+    search spends runs as git bisect does unless ``--cost-new`` says otherwise."""
+    out = recipe.to_dict() if recipe else {
+        "search": {"cost_new_candidate": 0.0, **dict(search_overrides or {})}}
+    if deterministic:
+        out.setdefault("probe", {})["deterministic"] = True
+    return out
+
+
+def deterministic_probe(header: Mapping[str, Any]) -> bool:
+    """``[probe] deterministic`` (``--deterministic``): one run a candidate."""
+    probe = (header.get("recipe") or {}).get("probe") or {}
+    return bool(probe.get("deterministic"))
 
 
 def search_settings(header: dict[str, Any]) -> SearchSettings:
@@ -162,7 +187,7 @@ class State:
                 # never booted): it is untestable for lifetimes, and the controls move on
                 self.controls_refused.append(dict(entry))
                 position = self.position_of(str(entry.get("commit", "")))
-                if position is not None and not self.strategy.counts.total[position]:
+                if position is not None and not self.strategy.summary().total[position]:
                     self.strategy.mark_untestable(position)
             else:
                 self.controls = dict(entry)
@@ -204,9 +229,9 @@ class State:
             # its artifacts are at hand: the other tier switches to it for free
             for other in (self.strategy, self.narrow):
                 if other is not None:
-                    other.artifacts_ready.add(pos)
+                    other.mark_prepared(pos)
         rejected = tier is Tier.NARROW and detail.get("gate") not in (None, "ok")
-        if rejected and not self.strategy.counts.total[pos]:
+        if rejected and not self.strategy.summary().total[pos]:
             # The fast probe ran, but the pinned stack rejects this candidate's extension: the
             # faithful tier cannot run it (the op is named in the gate's message).
             self.strategy.mark_untestable(pos)
@@ -216,7 +241,7 @@ class State:
             streak = self.inconclusive_streak.get((tier, pos), 0) + 1
             self.inconclusive_streak[(tier, pos)] = streak
             if streak >= MAX_INCONCLUSIVE_STREAK:
-                if strategy.counts.total[pos]:
+                if strategy.summary().total[pos]:
                     strategy.retire(pos)  # keep the conclusive lifetimes it gave
                 else:
                     strategy.mark_untestable(pos)
@@ -232,7 +257,7 @@ class State:
             # evidence: a later crash says nothing about the bug either way.
             shared = detail.get("stage") in SHARED_STAGES
             for each in (strategy, *((self.strategy, self.narrow) if shared else ())):
-                if each is not None and not each.counts.total[pos]:
+                if each is not None and not each.summary().total[pos]:
                     each.mark_untestable(pos)
 
     def _time(
@@ -240,7 +265,7 @@ class State:
     ) -> None:
         """The run's own costs (``measured_costs``): what a lifetime took beyond its artifact,
         and what getting a candidate's artifact took the first time (later ones hit the
-        cache, which ``artifacts_ready`` already prices at nothing)."""
+        cache, which ``mark_prepared`` already prices at nothing)."""
         raw = detail.get("timing")
         timing: dict[str, Any] = raw if isinstance(raw, dict) else {}
         try:
@@ -289,7 +314,7 @@ class State:
         """P(the fast probe is a valid stand-in | the faithful lifetimes), once confirming."""
         if self.prior is None:
             return None
-        return stand_in_probability(self.strategy, self.prior)
+        return stand_in_probability(self.strategy.summary(), self.prior)
 
     def candidate_verdict(self, position: int) -> Verdict:
         """The candidate's verdict over its journaled lifetimes (``verdict.aggregate``)."""
@@ -314,19 +339,20 @@ class State:
     def search_state(self) -> SearchState:
         """Where the search stands, with SHAs instead of positions (what the report renders)."""
         s = self.strategy.summary()
+        rates = self.strategy.rates()
         # a good end that showed the bug may not be a good end at all (bisect_tool.ends): the
         # answer's confidence is P(the flip AND both ends as given), so it takes that doubt too
-        not_good = good_end_not_good(self.strategy)
+        not_good = good_end_not_good(s)
         return SearchState(
             state=self.end["state"] if self.end else str(EndState.RUNNING),
             direction=str(self.direction),
             flip_block=tuple(self.candidates[f].sha for f in s.block),
             confidence=s.confidence * (1 - not_good),
             credible_set=tuple(self.candidates[f].sha for f in s.credible_set),
-            p_median=s.p_median,
-            p_interval=s.p_interval,
-            q_median=s.q_median,
-            q_interval=s.q_interval,
+            p_median=rates.p_median,
+            p_interval=rates.p_interval,
+            q_median=rates.q_median,
+            q_interval=rates.q_interval,
             evaluations=s.evaluations,
             candidates_tested=s.candidates_tested,
             posterior=(0.0, *(float(x) for x in self.strategy.posterior())),
@@ -338,7 +364,8 @@ class State:
     def _tier_facts(self) -> dict[str, Any] | None:
         if self.narrow is None:
             return None
-        block, mass = self.narrow.top_block()
+        narrow = self.narrow.summary()
+        block, mass = narrow.block, narrow.confidence
         return {
             "kind": narrow_kind(self.header),
             "phase": str(self.phase),
@@ -389,16 +416,14 @@ def narrow_strategy(size: int, direction: Direction, settings: SearchSettings) -
     """The fast probe's search: a deterministic probe (``tiers.narrow_priors``), one run a
     candidate. If it is in fact intermittent, its flip is only where the confirm step looks,
     and the confirm step's faithful lifetimes catch a wrong one."""
-    strategy = BayesianStrategy(
+    return BayesianStrategy(
         size,
         direction,
         costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
         confidence=settings.confidence,
         priors=narrow_priors(settings.end_doubt),
+        deterministic=True,
     )
-    strategy.deterministic = True
-    strategy.bad_end_lifetimes = 1
-    return strategy
 
 
 def replay(contents: JournalContents) -> State:
@@ -407,6 +432,10 @@ def replay(contents: JournalContents) -> State:
     settings = search_settings(header)
 
     def new_strategy() -> BayesianStrategy:
+        if deterministic_probe(header):
+            # git bisect's contract: the same model as the fast probe's (p = 1, false alarms
+            # all but impossible), one run a candidate
+            return narrow_strategy(len(candidates), Direction(header["direction"]), settings)
         return BayesianStrategy(
             len(candidates),
             Direction(header["direction"]),

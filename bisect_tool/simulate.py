@@ -168,24 +168,21 @@ def _run_bayes(
         h.n + 1, Direction.FIX, costs=costs, confidence=confidence, priors=priors
     )
     while h.lifetimes < budget:
-        t = strategy.counts.total
-        bad, good = strategy.bad_end, strategy.good_end
-        if t[bad] and t[good]:
-            end = strategy.contradicted_end()
-            if end is not None:
-                beyond, not_bad = strategy.end_doubts()
-                if end == "good":
-                    return GOOD_END_CONTRADICTED, beyond
-                return BAD_END_CONTRADICTED, not_bad
-            if strategy.done() and strategy.bug_shown():
+        s = strategy.summary()
+        if s.total[s.bad_end] and s.total[s.good_end]:
+            if s.contradicted_end == "good":
+                return GOOD_END_CONTRADICTED, s.good_end_doubt
+            if s.contradicted_end == "bad":
+                return BAD_END_CONTRADICTED, s.bad_end_doubt
+            if s.done and s.bug_shown:
                 break
         try:
             choice = strategy.select()
         except NoCandidateLeft:
             break
         strategy.record(choice.position, h.run(choice.position))
-    block, mass = strategy.top_block()
-    return block[0], mass
+    s = strategy.summary()
+    return s.block[0], s.confidence
 
 
 def _run_tiered(
@@ -226,12 +223,12 @@ def _run_tiered(
                            item.lifetime_id)
 
     finish = drive(BisectDesign(state), evaluate)
+    summary = state.strategy.summary()
     if finish.state is EndState.ENDS_CONTRADICT:
-        contradicted = state.strategy.contradicted_end()
+        contradicted = summary.contradicted_end
         found = GOOD_END_CONTRADICTED if contradicted == "good" else BAD_END_CONTRADICTED
         return found, 0.0, runs
-    block, mass = state.strategy.top_block()
-    return block[0], mass, runs
+    return summary.block[0], summary.confidence, runs
 
 
 def _run_fixed(h: _History, repeats: int) -> int:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bisect_tool.strategy import BayesianStrategy, Priors
+from bisect_tool.strategy import BayesianStrategy, Priors, Summary
 from bisect_tool.values import Direction
 
 
@@ -87,20 +87,15 @@ class Sides:
         return (self.bad, self.good)
 
 
-def confirm_sides(
-    narrow: BayesianStrategy, faithful: BayesianStrategy
-) -> Sides | None:
+def confirm_sides(narrow: Summary, faithful: Summary) -> Sides | None:
     """Both sides of the fast probe's flip block, moved outward past candidates the faithful
     tier cannot run (e.g. releases whose extension the pinned stack rejects); None when one
     side has none left."""
-    block, _ = narrow.top_block()
-    first, last = block[0], block[-1]
+    first, last = narrow.block[0], narrow.block[-1]
     # Hypothesis f puts positions >= f on the new side: the old-side neighbour is first - 1,
     # the new-side one is last (untestable commits between them make the block).
-    old = next((i for i in range(first - 1, -1, -1) if i not in faithful.counts.untestable),
-               None)
-    new = next((i for i in range(last, faithful.n + 1) if i not in faithful.counts.untestable),
-               None)
+    old = next((i for i in range(first - 1, -1, -1) if i not in faithful.untestable), None)
+    new = next((i for i in range(last, faithful.size) if i not in faithful.untestable), None)
     if old is None or new is None:
         return None
     if narrow.direction is Direction.FIX:  # the old side carries the bug
@@ -123,11 +118,12 @@ def mixture_prior(narrow: BayesianStrategy, stand_in: float, end_doubt: float) -
     """P(F) = stand_in * P_fast(F) + (1 - stand_in) * P_plain(F)."""
     if not 0 <= stand_in < 1:
         raise ValueError("stand_in_prior must be in [0, 1)")
-    n = narrow.n
+    summary = narrow.summary()
+    n = summary.size - 1
     plain_in = np.full(n, (1 - 2 * end_doubt) / n)
     plain_ends = (end_doubt, end_doubt)
     valid_in = np.asarray(narrow.posterior(), dtype=float).copy()
-    valid_ends = narrow.end_doubts()
+    valid_ends = (summary.good_end_doubt, summary.bad_end_doubt)
     in_range = stand_in * valid_in + (1 - stand_in) * plain_in
     ends = (
         stand_in * valid_ends[0] + (1 - stand_in) * plain_ends[0],
@@ -137,9 +133,9 @@ def mixture_prior(narrow: BayesianStrategy, stand_in: float, end_doubt: float) -
                         (plain_in, plain_ends))
 
 
-def stand_in_probability(faithful: BayesianStrategy, prior: MixturePrior) -> float:
+def stand_in_probability(faithful: Summary, prior: MixturePrior) -> float:
     """P(the fast probe is a valid stand-in | the faithful lifetimes), under the mixture."""
-    log_like, end_like = faithful.log_likelihoods()
+    log_like, end_like = faithful.log_likelihood, faithful.end_log_likelihood
 
     def evidence(component: tuple[np.ndarray, tuple[float, float]]) -> float:
         weights, ends = component
@@ -159,11 +155,11 @@ def stand_in_probability(faithful: BayesianStrategy, prior: MixturePrior) -> flo
     return math.exp(valid - top) / (math.exp(valid - top) + math.exp(plain - top))
 
 
-def disagreement(faithful: BayesianStrategy, sides: Sides) -> str | None:
+def disagreement(faithful: Summary, sides: Sides) -> str | None:
     """Which side the faithful lifetimes put on the other side of the flip, at DISAGREE_AT:
     "bad" (the fast probe's last buggy candidate looks clean to them), "good" (its first fixed
     candidate shows the bug), or None."""
-    bad_side = faithful.bad_side_probability()
+    bad_side = faithful.bad_side
     if 1 - bad_side[sides.bad] >= DISAGREE_AT:
         return "bad"
     if bad_side[sides.good] >= DISAGREE_AT:

@@ -23,6 +23,9 @@ class EndState(enum.StrEnum):
     DONE = "done"  # the flip holds the asked confidence
     BAD_END_NEVER = "bad_end_never_reproduced"
     ENDS_CONTRADICT = "ends_contradict"  # an end showed the behaviour of the other side
+    # a deterministic probe (--deterministic) gave one candidate both answers, or no single flip
+    # explains what it gave
+    PROBE_CONTRADICTED = "probe_contradicted"
     BUDGET = "budget_exhausted"
     NO_CANDIDATE = "no_candidate_left"
     END_UNTESTABLE = "end_untestable"

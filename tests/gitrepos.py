@@ -118,6 +118,30 @@ def _linear(path: Path, n: int, *, tag_every: int, touch: Iterable[int]) -> Repo
     return repo
 
 
+def long_linear(path: Path, n: int) -> Repo:
+    """As ``linear`` (commit i writes ``i`` into ``f``), for long histories: one ``git
+    fast-import`` instead of three git processes a commit (252 commits in well under a second)."""
+    repo = init(path)
+    stream: list[str] = []
+    for i in range(1, n + 1):
+        data, subject = f"{i}\n", f"commit {i} (#{1000 + i})"
+        stamp = f"{1_700_000_000 + i * 60} +0000"
+        stream += [
+            "commit refs/heads/main", f"mark :{i}",
+            f"author Test <test@example.com> {stamp}",
+            f"committer Test <test@example.com> {stamp}",
+            f"data {len(subject)}", subject,
+            *([f"from :{i - 1}"] if i > 1 else []),
+            "M 100644 inline f", f"data {len(data)}", data,
+        ]
+    subprocess.run(["git", "-C", str(path), "fast-import", "--quiet"],
+                   input="\n".join(stream) + "\n", text=True, check=True,
+                   env={**os.environ, **_ENV}, capture_output=True)
+    git(path, "reset", "-q", "--hard", "main")
+    repo.main = git(path, "rev-list", "--reverse", "main").split()
+    return repo
+
+
 def with_merges(path: Path, branches: Sequence[int] = (3, 2, 4)) -> Repo:
     """Main history where each step is a --no-ff merge of a feature branch of ``k`` commits,
     separated by direct commits. ``f`` keeps counting up along the *first-parent* history: the

@@ -186,7 +186,7 @@ def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
     assert cycles(import_graph(tmp_path)) == [["bisect_tool.a", "bisect_tool.b"]]
 
 
-CORE = ["strategy.py", "verdict.py", "values.py", "events.py", "simulate.py", "report"]
+CORE = ["strategy", "verdict.py", "values.py", "events.py", "simulate.py", "report"]
 
 
 def _ruff() -> str:

@@ -256,19 +256,19 @@ def test_the_lookahead_holds_what_the_search_asks_next(deterministic: bool) -> N
     import numpy as np
 
     rng = np.random.default_rng(7)
-    s = BayesianStrategy(65, Direction.FIX, confidence=0.99)
-    s.deterministic = deterministic
+    s = BayesianStrategy(65, Direction.FIX, confidence=0.99, deterministic=deterministic)
     flip = 23
     ahead: list[int] = []
     new_picks = hits = 0
     for _ in range(80):
-        if s.done() and s.counts.total[0] and s.counts.total[64]:
+        summary = s.summary()
+        if summary.done and summary.total[0] and summary.total[64]:
             break
         try:
             choice = s.select()
         except NoCandidateLeft:  # bracketed: a deterministic probe has nothing left to run
             break
-        if choice.position not in s.prepared:
+        if choice.position not in summary.at_hand:
             new_picks += 1
             hits += choice.position in ahead
         ahead = lookahead.picks_after(s, choice.position, 2, skip=[choice.position])

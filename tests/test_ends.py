@@ -63,10 +63,11 @@ def test_two_candidates_confidence_is_not_certainty_before_the_good_end_earned_i
     for _ in range(3):
         s.record(0, True)
     s.record(1, False)
-    beyond, _ = s.end_doubts()
-    assert 0.001 < beyond < 0.05
-    assert s.summary().confidence == pytest.approx(1 - sum(s.end_doubts()))
-    assert not s.done()  # it keeps testing the good end
+    summary = s.summary()
+    assert 0.001 < summary.good_end_doubt < 0.05
+    assert summary.confidence == pytest.approx(
+        1 - summary.good_end_doubt - summary.bad_end_doubt)
+    assert not summary.done  # it keeps testing the good end
     assert s.select().position == 1
 
 
@@ -140,15 +141,15 @@ def test_the_doubt_shows_in_the_confidence_while_the_good_end_is_suspect() -> No
         s.record(i, True)
     for i in range(1, 20):
         s.record(i, False)
-    assert good_end_not_good(s) == 0.0  # never ran the good end: no such doubt
+    assert good_end_not_good(s.summary()) == 0.0  # never ran the good end: no such doubt
     s.record(0, True)  # its one lifetime diverged, as every bad-side one did
-    assert good_end_not_good(s) > 0.5
+    assert good_end_not_good(s.summary()) > 0.5
     doubts = []
     for _ in range(15):
         # the bad side never runs clean, so these say "a false alarm", unless the good end is
         # bad another, rarer way: its own rate (issue 30), which only more of them rule out
         s.record(0, False)
-        doubts.append(good_end_not_good(s))
+        doubts.append(good_end_not_good(s.summary()))
     assert doubts == sorted(doubts, reverse=True)
     assert doubts[2] > 0.05  # three clean lifetimes do not clear a rarer bug of its own
     assert doubts[-1] < 0.005

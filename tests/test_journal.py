@@ -53,7 +53,7 @@ def test_append_read_roundtrip_and_repeated_lifetime_counted_once(tmp_path: Path
     assert len(contents.of_type("observation")) == 2
     assert len(contents.observations) == 1
     state = session.replay(contents)
-    assert int(state.strategy.counts.total.sum()) == 1
+    assert int(state.strategy.summary().total.sum()) == 1
 
 
 def test_torn_last_line_is_tolerated_and_resume_finishes(tmp_path: Path, repo: Repo) -> None:

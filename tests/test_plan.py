@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import subprocess
 from pathlib import Path
@@ -152,6 +153,12 @@ def test_plan_of_the_demo_op_recipe_expects_what_a_run_spends(
     runs = len(contents.observations)
     # one flip, against the mean over flips anywhere: the same order, not the same number
     assert e["op_runs"] / 2 <= runs <= e["op_runs"] * 2, (runs, e["op_runs"])
+    # the recipe is deterministic ([probe] deterministic): git bisect's bound, planned and spent
+    n = len(json.loads(out)["candidates"])
+    conclusive = [o for o in contents.observations if o["verdict"] != "untestable"]
+    assert e["op_runs"] <= math.ceil(math.log2(n)) + 2
+    assert len(conclusive) <= math.ceil(math.log2(n)) + 2, (len(conclusive), n)
+    assert len({o["commit"] for o in contents.observations}) == runs  # none ran twice
 
 
 def test_plan_of_a_run_command_lists_the_candidates(tmp_path: Path) -> None:

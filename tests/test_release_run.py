@@ -196,7 +196,11 @@ def test_locate_over_releases_takes_python_sides_from_the_wheels(
     assert code == 0, err
     found = json.loads(out)
     assert found["explanation"] == "compiled" and found["decided"]
-    assert "bisect start --releases --good v0.27.0 --bad v0.26.0" in found["next"]
+    # adjacent releases: the next step is the commit-level bisect between them, in a clone
+    # (issue 32, item 6), with the recipe this run used
+    assert "the commits between" in found["next"]
+    assert f"bisect start --good v0.27.0 --bad v0.26.0 --recipe {recipe}" in found["next"]
+    assert "--releases" not in found["next"]
     stacks = sorted(p.name for p in (tmp_path / "cache" / "stacks").iterdir())
     assert stacks == ["demollm-0.26.0-demo", "demollm-0.27.0-demo"]
     for name in stacks:

@@ -361,6 +361,7 @@ def test_a_teardown_waits_while_another_lifetime_on_its_gpu_boots(tmp_path: Path
     pool = GpuPool(["0"], per_gpu=2)
     order: list[str] = []
     a_up = threading.Event()
+    b_booting = threading.Event()  # b holds the GPU's turn from here until its boot ends
     a_wants_down = threading.Event()
 
     class Backend:
@@ -370,6 +371,7 @@ def test_a_teardown_waits_while_another_lifetime_on_its_gpu_boots(tmp_path: Path
             if name == "b":
                 a_up.wait(10)
                 order.append("b boots")
+                b_booting.set()
                 # b's boot goes on after a asked to be torn down
                 assert a_wants_down.wait(10)
                 order.append("b booted")
@@ -387,7 +389,9 @@ def test_a_teardown_waits_while_another_lifetime_on_its_gpu_boots(tmp_path: Path
     class Probe:
         def run(self, server: ServerHandle, is_alive: object = None) -> ProbeResult:
             if server.lifetime_id == "a":
-                # b holds the GPU's turn now: a's teardown must wait for it
+                # a is done once b is booting: its teardown must wait for b's boot to end,
+                # which goes on a moment after a asked to be torn down
+                assert b_booting.wait(10)
                 threading.Timer(0.2, a_wants_down.set).start()
             return ProbeResult(Verdict.CLEAN, {}, "clean")
 

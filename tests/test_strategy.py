@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bisect_tool.simulate import _History, _run_bayes
-from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, Plan
+from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
+from bisect_tool.strategy.evidence import Evidence
+from bisect_tool.strategy.information import Plan, expected_information, plan_values
+from bisect_tool.strategy.posterior import FlipPosterior
+from bisect_tool.strategy.selection import BAD_END_LIFETIMES
+from bisect_tool.strategy.values import Priors
 from bisect_tool.values import Direction
 
 evidence = st.lists(st.tuples(st.integers(0, 12), st.booleans()), max_size=30)
@@ -32,7 +37,8 @@ def test_posterior_is_a_distribution(events: list[tuple[int, bool]], direction: 
     assert (post >= 0).all()
     # with the two end hypotheses ("the flip lies beyond the good end", "the bad end does not
     # show the bug"), the in-range flips and the ends' doubts make one distribution
-    beyond, not_bad = strategy.end_doubts()
+    summary = strategy.summary()
+    beyond, not_bad = summary.good_end_doubt, summary.bad_end_doubt
     assert beyond >= 0 and not_bad >= 0
     assert math.isclose(float(post.sum()) + beyond + not_bad, 1.0, rel_tol=1e-9)
 
@@ -54,20 +60,21 @@ def test_a_divergence_moves_mass_to_hypotheses_that_call_it_bad(
     """With the ends labelled (bad end diverged, good end clean), a divergence at i raises the
     mass of the hypotheses that put i on the bad side, and a clean lifetime lowers it."""
     s = BayesianStrategy(13, direction)
+    ends = s.summary()
     for _ in range(bad_runs):
-        s.record(s.bad_end, True)
+        s.record(ends.bad_end, True)
     for _ in range(good_runs):
-        s.record(s.good_end, False)
-    before = s.bad_side_probability()[i]
+        s.record(ends.good_end, False)
+    before = s.summary().bad_side[i]
     s.record(i, True)
-    assert s.bad_side_probability()[i] > before
+    assert s.summary().bad_side[i] > before
     s2 = BayesianStrategy(13, direction)
     for _ in range(bad_runs):
-        s2.record(s2.bad_end, True)
+        s2.record(ends.bad_end, True)
     for _ in range(good_runs):
-        s2.record(s2.good_end, False)
+        s2.record(ends.good_end, False)
     s2.record(i, False)
-    assert s2.bad_side_probability()[i] < before
+    assert s2.summary().bad_side[i] < before
 
 
 @settings(max_examples=25, deadline=None)
@@ -76,10 +83,11 @@ def test_select_never_returns_an_untestable_position(
     untestable: set[int], direction: Direction, events: list[tuple[int, bool]]
 ) -> None:
     s = BayesianStrategy(17, direction)
+    ends = s.summary()
     for u in untestable:
         s.mark_untestable(u)
-    s.record(s.bad_end, True)
-    s.record(s.good_end, False)
+    s.record(ends.bad_end, True)
+    s.record(ends.good_end, False)
     for pos, divergent in events:
         if pos not in untestable:
             s.record(pos, divergent)
@@ -90,7 +98,7 @@ def test_select_never_returns_an_untestable_position(
             return
         assert choice.position not in untestable
         assert 0 <= choice.position <= 16
-        s.record(choice.position, choice.position != s.good_end and direction is Direction.FIX)
+        s.record(choice.position, choice.position != ends.good_end and direction is Direction.FIX)
 
 
 def test_blocks_merge_across_untestable_commits() -> None:
@@ -98,16 +106,14 @@ def test_blocks_merge_across_untestable_commits() -> None:
     s = BayesianStrategy(11, Direction.REGRESSION)  # positions 0..10, flips 1..10
     s.mark_untestable(4)
     s.mark_untestable(5)
-    assert (4, 5, 6) in s.blocks()
     for _ in range(6):
         s.record(3, False)
         s.record(6, True)
         s.record(0, False)
         s.record(10, True)
-    block, mass = s.top_block()
-    assert block == (4, 5, 6)
-    assert mass > 0.99
-    assert s.summary().block == (4, 5, 6)
+    summary = s.summary()
+    assert summary.block == (4, 5, 6)
+    assert summary.confidence > 0.99
 
 
 def test_only_untestables_separate_the_hypotheses_so_only_the_ends_are_run() -> None:
@@ -118,22 +124,22 @@ def test_only_untestables_separate_the_hypotheses_so_only_the_ends_are_run() -> 
     s.mark_untestable(1)
     s.mark_untestable(2)
     s.record(0, False)
-    for _ in range(BayesianStrategy.BAD_END_LIFETIMES):
+    for _ in range(BAD_END_LIFETIMES):
         s.record(3, True)
-    assert s.blocks() == [(1, 2, 3)]
+    assert s.summary().block == (1, 2, 3)
     for _ in range(20):
-        if s.done():
+        if s.summary().done:
             break
         choice = s.select()
         assert choice.position in (0, 3)
         s.record(choice.position, choice.position == 3)
-    assert s.done() and s.top_block()[0] == (1, 2, 3)
+    assert s.summary().done and s.summary().block == (1, 2, 3)
 
 
 def test_no_candidate_left_when_nothing_is_testable() -> None:
     s = BayesianStrategy(4, Direction.REGRESSION)
     s.record(0, False)
-    for _ in range(BayesianStrategy.BAD_END_LIFETIMES):
+    for _ in range(BAD_END_LIFETIMES):
         s.record(3, True)
     for position in range(4):
         s.mark_untestable(position)
@@ -147,7 +153,7 @@ def test_bad_end_that_never_diverges_keeps_the_search_at_the_bad_end() -> None:
     s = BayesianStrategy(100, Direction.FIX)
     for _ in range(10):
         choice = s.select()
-        assert choice.position == s.bad_end == 0
+        assert choice.position == s.summary().bad_end == 0
         s.record(choice.position, False)
     assert "bad end" in s.select().reason
 
@@ -193,12 +199,12 @@ def test_summary_reports_rates_and_counts() -> None:
         s.record(0, False)
     for pos, div in [(4, True), (4, True), (2, False), (2, False), (3, True), (3, True)]:
         s.record(pos, div)
-    summary = s.summary()
+    summary, rates = s.summary(), s.rates()
     assert summary.evaluations == 22
     assert summary.candidates_tested == 5
-    assert summary.p_median > 0.7
-    assert summary.q_median < 0.1
-    assert summary.p_interval[0] <= summary.p_median <= summary.p_interval[1]
+    assert rates.p_median > 0.7
+    assert rates.q_median < 0.1
+    assert rates.p_interval[0] <= rates.p_median <= rates.p_interval[1]
     assert set(summary.credible_set) >= {summary.block[0]}
 
 
@@ -220,8 +226,8 @@ def test_select_prefers_another_lifetime_when_candidates_are_expensive() -> None
 def test_select_batch_fills_every_slot_without_untestables() -> None:
     s = BayesianStrategy(65, Direction.FIX)
     for _ in range(3):
-        s.record(s.bad_end, True)
-    s.record(s.good_end, False)
+        s.record(0, True)
+    s.record(64, False)
     s.mark_untestable(32)
     batch = s.select_batch(4)
     assert sum(c.lifetimes for c in batch) == 4
@@ -240,19 +246,20 @@ def test_a_likely_bad_candidate_is_expected_to_cost_fewer_lifetimes_than_planned
     """Stopping at the first divergence: a candidate on the bad side is usually settled after a
     lifetime or two, so its expected lifetimes are fewer than the plan's cap; a fixed batch
     always costs all of them. The two plans' outcome probabilities each sum to one."""
-    s = BayesianStrategy(65, Direction.FIX)
+    evidence = Evidence(65, Direction.FIX)
+    post = FlipPosterior(evidence, Priors())
     for _ in range(3):
-        s.record(0, True)
-    s.record(64, False)
+        evidence.record(0, True)
+    evidence.record(64, False)
     for _ in range(6):
-        s.record(40, False)  # 40 looks good: the flip is probably below it
+        evidence.record(40, False)  # 40 looks good: the flip is probably below it
     likely_bad, likely_good = 8, 39
     plans = (Plan(8), Plan(8, until_divergent=False))
-    gains, lifetimes = s._plan_values([likely_bad, likely_good], [plans, plans])
+    gains, lifetimes = plan_values(post, [likely_bad, likely_good], [plans, plans])
     assert lifetimes[0][1] == pytest.approx(8.0)
     assert lifetimes[1][1] == pytest.approx(8.0)
     assert lifetimes[0][0] < 4.0  # p is high here: the first divergence comes early
     assert lifetimes[0][0] < lifetimes[1][0] <= 8.0
     # stopping early gives up little information: one divergence already says "bad side"
     assert gains[0][0] == pytest.approx(gains[0][1], rel=0.35)
-    assert s.expected_information(likely_bad, 8) == pytest.approx(float(gains[0][1]))
+    assert expected_information(post, likely_bad, 8) == pytest.approx(float(gains[0][1]))

@@ -21,6 +21,10 @@ from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe, SearchSettings
 from bisect_tool.run import Evaluators, bisect_loop
 from bisect_tool.strategy import BayesianStrategy
+from bisect_tool.strategy.evidence import Evidence
+from bisect_tool.strategy.information import expected_information
+from bisect_tool.strategy.posterior import FlipPosterior
+from bisect_tool.strategy.values import Priors
 from bisect_tool.tiers import DISAGREE_AT, Phase, Tier, mixture_prior, stand_in_probability
 from bisect_tool.values import Direction, Observation, Verdict
 
@@ -236,12 +240,35 @@ def test_untestable_bad_end_is_stood_in_for_by_its_nearest_testable_neighbour() 
     s = BayesianStrategy(6, Direction.FIX)
     s.mark_untestable(0)
     s.mark_untestable(1)
-    assert s.effective_ends() == (2, 5)
+    assert s.summary().ends == (2, 5)
     choice = s.select()
     assert choice.position == 2 and "bad end" in choice.reason
     for i in range(2, 5):
         s.mark_untestable(i)
-    assert s.effective_ends() == (None, 5)
+    assert s.summary().ends == (None, 5)
+
+
+def _posterior(
+    direction: Direction, weights: np.ndarray, ends: tuple[float, float],
+    more: tuple[int, int, int] = (0, 0, 0),
+) -> FlipPosterior:
+    """The flip's posterior over 13 positions after a few lifetimes, and ``more`` = (position,
+    lifetimes, divergent) on top, with the prior ``weights`` and ``ends``."""
+    evidence = Evidence(len(weights) + 1, direction)
+    for pos, bug in [(0, 1), (0, 1), (12, 0), (5, 1), (7, 0)]:
+        evidence.record(pos, bool(bug) if direction is Direction.FIX else not bool(bug))
+    at, m, k = more
+    evidence.total[at] += m
+    evidence.divergent[at] += k
+    post = FlipPosterior(evidence, Priors())
+    post.set_prior(weights, ends)
+    return post
+
+
+def _entropy(t: FlipPosterior) -> float:
+    post = np.concatenate([t.flips(), t.end_doubts()])
+    post = post[post > 0]
+    return float(-(post * np.log2(post)).sum())
 
 
 def test_the_lookahead_with_a_mixture_prior_equals_brute_force() -> None:
@@ -250,33 +277,18 @@ def test_the_lookahead_with_a_mixture_prior_equals_brute_force() -> None:
     rng = np.random.default_rng(1)
     for direction in Direction:
         n = 12
-        s = BayesianStrategy(n + 1, direction)
-        for pos, bug in [(0, 1), (0, 1), (12, 0), (5, 1), (7, 0)]:
-            s.record(pos, bool(bug) if direction is Direction.FIX else not bool(bug))
         weights, ends = rng.random(n) ** 3, (0.03, 0.02)
-        s.set_prior(weights, ends)
-
-        def entropy(t: BayesianStrategy) -> float:
-            post = np.concatenate([t.posterior(), t.end_doubts()])
-            post = post[post > 0]
-            return float(-(post * np.log2(post)).sum())
-
-        log_z = s._base_state().log_z
+        s = _posterior(direction, weights, ends)
+        log_z = s.base().log_z
         for pos in range(n + 1):
             for m in (1, 3):
                 expected_h = 0.0
                 for k in range(m + 1):
-                    t = BayesianStrategy(n + 1, direction)
-                    t.counts.total[:] = s.counts.total
-                    t.counts.divergent[:] = s.counts.divergent
-                    t.set_prior(weights, ends)
-                    t.counts.total[pos] += m
-                    t.counts.divergent[pos] += k
-                    t._invalidate()
-                    prob = math.exp(t._base_state().log_z - log_z) * math.comb(m, k)
-                    expected_h += prob * entropy(t)
-                brute = max(entropy(s) - expected_h, 0.0)
-                assert s.expected_information(pos, m) == pytest.approx(brute, abs=1e-9)
+                    t = _posterior(direction, weights, ends, (pos, m, k))
+                    prob = math.exp(t.base().log_z - log_z) * math.comb(m, k)
+                    expected_h += prob * _entropy(t)
+                brute = max(_entropy(s) - expected_h, 0.0)
+                assert expected_information(s, pos, m) == pytest.approx(brute, abs=1e-9)
 
 
 def test_mixture_prior_and_the_stand_in_posterior() -> None:
@@ -290,20 +302,20 @@ def test_mixture_prior_and_the_stand_in_posterior() -> None:
     assert prior.in_range[20] > 0.45  # flip 21 (index 20): half the mass rides on the stand-in
     faithful = BayesianStrategy(n + 1, Direction.FIX)
     faithful.set_prior(prior.in_range, prior.ends)
-    assert stand_in_probability(faithful, prior) == pytest.approx(0.5, abs=1e-9)
+    assert stand_in_probability(faithful.summary(), prior) == pytest.approx(0.5, abs=1e-9)
     for _ in range(3):
         faithful.record(20, True)
     for _ in range(8):
         faithful.record(21, False)
-    assert stand_in_probability(faithful, prior) > 0.9
-    assert faithful.top_block()[0] == (21,)
+    assert stand_in_probability(faithful.summary(), prior) > 0.9
+    assert faithful.summary().block == (21,)
     # lifetimes that put the bad side clean say the stand-in is wrong there
     other = BayesianStrategy(n + 1, Direction.FIX)
     other.set_prior(prior.in_range, prior.ends)
     for _ in range(40):
         other.record(20, False)
-    assert 1 - other.bad_side_probability()[20] >= DISAGREE_AT
-    assert stand_in_probability(other, prior) < 0.05
+    assert 1 - other.summary().bad_side[20] >= DISAGREE_AT
+    assert stand_in_probability(other.summary(), prior) < 0.05
 
 
 def test_one_server_that_dies_before_health_is_retried_not_a_verdict() -> None:
@@ -318,9 +330,9 @@ def test_one_server_that_dies_before_health_is_retried_not_a_verdict() -> None:
         return session.observation_entry(obs, 5)
 
     state.apply(boot_failed(0))
-    assert 5 not in state.strategy.counts.untestable
+    assert 5 not in state.strategy.summary().untestable
     state.apply(boot_failed(1))
-    assert 5 in state.strategy.counts.untestable
+    assert 5 in state.strategy.summary().untestable
 
 
 def read_header(rng: CommitRange) -> Any:
@@ -359,12 +371,12 @@ def test_a_bracketed_flip_short_of_the_threshold_runs_a_neighbour_not_the_lifeti
                                 (12, False), (13, False), (14, False), (16, False)]:
         narrow.record(position, divergent)
     narrow.mark_untestable(21)
-    assert narrow.top_block()[0] == (12,) and not narrow.done()
+    assert narrow.summary().block == (12,) and not narrow.summary().done
     batch = narrow.select_batch(2)
     assert 10 in {c.position for c in batch}
     assert not {c.position for c in batch} & {0, 11, 12, 13, 14, 16, 18, 21, 25, 31}
     narrow.record(10, True)
-    assert narrow.top_block()[0] == (12,) and narrow.done()
+    assert narrow.summary().block == (12,) and narrow.summary().done
 
 
 @pytest.mark.slow

@@ -69,6 +69,12 @@ from bisect_tool.request import ReleaseRequest, StartRequest
 )
 @click.option("--no-controls", is_flag=True, help="Skip the positive/negative controls.")
 @click.option(
+    "--deterministic", is_flag=True,
+    help="The probe gives a candidate the same answer every run (git bisect's contract): one "
+    "run a candidate, at most ceil(log2 N) + 2 runs; a run that contradicts itself stops with "
+    "exit 9. The recipe's [probe] deterministic.",
+)
+@click.option(
     "--no-narrow", is_flag=True,
     help="Lifetimes only: skip the recipe's fast probe ([probe] narrow).",
 )
@@ -130,6 +136,7 @@ def start(
     cost_new: float | None,
     cost_lifetime: float | None,
     no_controls: bool,
+    deterministic: bool,
     no_narrow: bool,
     releases: bool,
     pre: bool,
@@ -181,6 +188,8 @@ def start(
             no_controls=no_controls,
             no_narrow=no_narrow,
         )
+        if deterministic:
+            recipe_obj = recipe_obj.override("probe", deterministic=True)
     request = StartRequest(
         repo=repo,
         good=good,
@@ -191,6 +200,7 @@ def start(
         run_timeout=run_timeout,
         paths=paths,
         search_overrides=_search_overrides(confidence, max_evaluations, cost_new, cost_lifetime),
+        deterministic=deterministic,
         command=("bisect", *sys.argv[1:]),
         releases=release_request,
     )

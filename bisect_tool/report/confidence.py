@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bisect_tool.report.names import num
-from bisect_tool.strategy import BayesianStrategy, Priors
+from bisect_tool.strategy import Priors, stop_threshold
 
 
 def _log_beta(a: float, b: float) -> float:
@@ -82,7 +82,7 @@ def how_sure(
     tiered = bool(tiers and tiers.get("phase") == "confirm")
     return {
         "asked": asked,
-        "stop_at": 1 - (1 - asked) * BayesianStrategy.STOP_FACTOR,
+        "stop_at": stop_threshold(asked),
         "confidence": num(answer.get("confidence")),
         "tiered": tiered,
         # the same journal without the op check's runs (None: no op check ran)
