@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
 # The fast tier for a change in progress, under two minutes on 2 cores: no Docker, nothing marked
-# slow (end-to-end demo runs, stress, statistical and exhaustive checks); `make test` runs
+# slow (end-to-end demo runs, stress, statistical, exhaustive and fuzz checks); `make test` runs
 # everything, as CI does.
 check: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not docker"

@@ -85,6 +85,7 @@ def test_shape_tags_merges_and_pr_numbers(history) -> None:  # type: ignore[no-u
     assert history.planted_commit in compiled
 
 
+@pytest.mark.slow
 def test_exactly_one_commit_pins_the_block_size(history) -> None:  # type: ignore[no-untyped-def]
     repo = history.repo
     flips = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -79,6 +80,7 @@ def _check(tmp: Path, data: bytes) -> None:
     report_mod.render_json(report_mod.build_report(contents, state.search_state()))
 
 
+@pytest.mark.slow  # 300 examples, each a journal replayed and reported
 @settings(max_examples=300, deadline=None, suppress_health_check=[FIXTURE])
 @given(body=st.lists(lines, max_size=8), keep_header=st.booleans(), torn=st.binary(max_size=12))
 def test_any_lines_give_a_readable_prefix_or_one_line(

@@ -103,6 +103,7 @@ def test_accuracy_comes_with_its_error_count_and_interval() -> None:
         assert stats.accuracy_interval[0] <= stats.accuracy <= stats.accuracy_interval[1]
 
 
+@pytest.mark.slow
 def test_grid_runs_every_target_cell_with_the_asked_trials() -> None:
     out = CliRunner().invoke(simulate_command, ["--grid", "--trials", "1", "--json"])
     assert out.exit_code == 0, out.output
