@@ -64,8 +64,8 @@ def _runs(args: tuple[int, int, bool, str]) -> tuple[int, bool]:
     """(runs, named the flip) of one search over ``n`` candidates whose probe fails at every
     position >= ``flip`` and nowhere else (a deterministic probe)."""
     from bisect_tool import session
-    from bisect_tool.designs import Item, drive
-    from bisect_tool.designs import bisect as design
+    from bisect_tool.designs import Item, drive, manual
+    from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.journal import JournalContents
     from bisect_tool.values import Observation, Verdict
 
@@ -77,16 +77,16 @@ def _runs(args: tuple[int, int, bool, str]) -> tuple[int, bool]:
 
     if mode == "manual":  # what `bisect good|bad` does, one answer at a time
         runs = 0
-        while (nxt := design.next_manual_candidate(state)) is not None and runs < 400:
+        while (nxt := manual.next_manual_candidate(state)) is not None and runs < 400:
             position = state.candidates.index(nxt)
-            state.apply(design.manual_entry(state, nxt.sha, verdict(position)))
+            state.apply(manual.manual_entry(state, nxt.sha, verdict(position)))
             runs += 1
     else:
         def evaluate(item: Item) -> Observation:
             position, _ = item.key
             return Observation(item.commit, verdict(position), item.lifetime_id)
 
-        drive(design.BisectDesign(state), evaluate)
+        drive(BisectDesign(state), evaluate)
         runs = len(state.seen_lifetimes)
     return runs, state.strategy.summary().block == (flip,)
 

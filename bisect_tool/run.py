@@ -18,7 +18,8 @@ from typing import Any
 
 from bisect_tool import entries, handover, session
 from bisect_tool import journal as journal_mod
-from bisect_tool.designs.bisect import BisectDesign, next_manual_candidate
+from bisect_tool.designs.bisect import BisectDesign
+from bisect_tool.designs.manual import next_manual_candidate
 from bisect_tool.engine import Engine, journaled
 from bisect_tool.errors import BisectError, Interrupted, StateError, UsageError
 from bisect_tool.events import Note, Observer, RunStarted, ignore

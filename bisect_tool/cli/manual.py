@@ -23,29 +23,31 @@ from bisect_tool.verdict import EndState
 
 def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | None) -> None:
     from bisect_tool import session
-    from bisect_tool.designs import bisect as design
+    from bisect_tool.designs import manual
+    from bisect_tool.designs.bisect import end_entry
+    from bisect_tool.designs.phases import stop_reason
     from bisect_tool.range import open_repo, resolve_ref
 
     path = journal_path(repo, state_dir)
     state = session.replay(journal_mod.read(path))
     if ref is None:
-        nxt = design.next_manual_candidate(state)
+        nxt = manual.next_manual_candidate(state)
         if nxt is None:
             raise UsageError("nothing left to judge; see `bisect status`")
         sha = nxt.sha
     else:
         sha = resolve_ref(open_repo(repo), ref)
     with journal_mod.Journal(path) as journal:
-        state.apply(journal.append(design.manual_entry(state, sha, verdict)))
-        nxt = design.next_manual_candidate(state)
+        state.apply(journal.append(manual.manual_entry(state, sha, verdict)))
+        nxt = manual.next_manual_candidate(state)
         if nxt is None:
             # journal the outcome, as the unattended loop does: `status` then says done and a
             # later `start` is not refused as "already in progress"
-            state_name, message = design.stop_reason(state) or (
+            state_name, message = stop_reason(state) or (
                 EndState.NO_CANDIDATE,
                 "every candidate that could tell the flip apart is untestable",
             )
-            state.apply(journal.append(design.end_entry(state, state_name, message)))
+            state.apply(journal.append(end_entry(state, state_name, message)))
             print_outcome(Outcome(state_name, message, state.summary()))
             return
     click.echo(f"next: {nxt.sha} {nxt.subject}")

@@ -177,11 +177,12 @@ def narrowing_section(report: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _reproduce(report: Mapping[str, Any]) -> list[str]:
-    r = report["reproduce"]
-    lines = ["#### Reproduce", ""]
+def run_and_recipe(what: str, r: Mapping[str, Any]) -> list[str]:
+    """The command that ran (``what``: "The bisect", "The locate") and how its recipe file
+    differs from the bundled one, values naming the run's own folders left out."""
+    lines: list[str] = []
     if r.get("command"):
-        lines += ["The bisect:", "", fence(r["command"], "sh"), ""]
+        lines += [f"{what}:", "", fence(r["command"], "sh"), ""]
     if r.get("changes"):
         by_section: dict[str, list[str]] = {}
         for section, line in r["changes"]:
@@ -192,6 +193,13 @@ def _reproduce(report: Mapping[str, Any]) -> list[str]:
     if r.get("left_out"):
         lines += [f"Left out, as they name the run's own folders: "
                   f"{', '.join(code(k) for k in r['left_out'])}.", ""]
+    return lines
+
+
+def _reproduce(report: Mapping[str, Any]) -> list[str]:
+    r = report["reproduce"]
+    lines = ["#### Reproduce", ""]
+    lines += run_and_recipe("The bisect", r)
     w = r.get("weights")
     if w:
         made = (f"this run's was made with transformers {w['transformers']} and torch "

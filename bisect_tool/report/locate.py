@@ -20,9 +20,14 @@ from bisect_tool.journal import JournalContents
 from bisect_tool.matrix import CELLS, MEANING, Cell, Explanation, Side, conclude, stop_threshold
 from bisect_tool.report import environment, evidence, reproduce
 from bisect_tool.report.controls import controls as controls_facts
-from bisect_tool.report.details import lifetime_order, seen_words, version_words
+from bisect_tool.report.details import (
+    lifetime_order,
+    run_and_recipe,
+    seen_words,
+    version_words,
+)
 from bisect_tool.report.names import commit_entry, name, pct
-from bisect_tool.report.text import code, details, esc, fence, plural, table
+from bisect_tool.report.text import code, details, esc, plural, table
 
 _SHORT = {  # each explanation in a few words, for the first line
     Explanation.COMPILED: "the compiled side carries the change",
@@ -276,19 +281,7 @@ def render_locate_markdown(r: Mapping[str, Any]) -> str:
                        [[w if w.startswith("`") else esc(w), esc(a), esc(b)]
                         for w, a, b in diff["rows"]])
     rp = r["reproduce"]
-    body = []
-    if rp.get("command"):
-        body += ["The locate:", "", fence(rp["command"], "sh"), ""]
-    if rp.get("changes"):
-        by_section: dict[str, list[str]] = {}
-        for section, line in rp["changes"]:
-            by_section.setdefault(section, []).append(line)
-        toml = "\n\n".join(f"[{s}]\n" + "\n".join(ls) for s, ls in by_section.items())
-        body += [f"{code(rp['recipe_file'])} is the bundled recipe {code(rp['recipe_name'])} "
-                 "with these values changed:", "", fence(toml, "toml"), ""]
-    if rp.get("left_out"):
-        body += [f"Left out, as they name the run's own folders: "
-                 f"{', '.join(code(k) for k in rp['left_out'])}.", ""]
+    body = run_and_recipe("The locate", rp)
     body.append(f"<sub>session {esc(r.get('session') or '?')}</sub>")
     lines += ["", *details(f"Reproduce ({version_words(r)})", body)]
     return "\n".join(lines).rstrip() + "\n"
