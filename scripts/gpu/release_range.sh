@@ -32,7 +32,8 @@
 #
 # Env: DEV (/tmp/dev), CARRY (.devcarry), OUT, DEADLINE_S (540), GOOD (0.28.0), BAD (0.22.0),
 # GATE_OPS (unset: the full gate; a space-separated op list limits it, as release_proof's locate),
-# PER_GPU (2: lifetimes sharing the GPU; each server is then told its KV cache size, 3 GiB, the
+# RELEASES_ONLY (a space-separated subset of the ten, for a shorter range), PER_GPU (2: lifetimes
+# sharing the GPU; each server is then told its KV cache size, 3 GiB, the
 # seed's 27,744 tokens, so it skips vLLM's free-memory profile and boots beside the other).
 set -euo pipefail
 DEV=${DEV:-/tmp/dev}
@@ -56,6 +57,8 @@ export PIP_INDEX_URL=https://pypi.org/simple
 # Every release in the range -> the release whose file it carries (byte-identical swap sets).
 RELEASES=(0.22.0 0.22.1 0.23.0 0.24.0 0.25.0 0.25.1 0.26.0 0.27.0 0.27.1 0.28.0)
 declare -A FILE_OF=([0.22.1]=0.22.0 [0.25.1]=0.25.0)
+# RELEASES_ONLY="0.25.0 ... 0.28.0": a shorter range (fewer payloads, fewer calls), with GOOD/BAD
+if [ -n "${RELEASES_ONLY:-}" ]; then read -ra RELEASES <<<"$RELEASES_ONLY"; fi
 # sha256 of each distinct vllm/_C_stable_libtorch.abi3.so (`bisect artifacts extract` of the
 # PyPI wheels). 0.23.0: the build-tagged wheel vllm-0.23.0-2-..., the one pip and the tool pick
 # (the untagged 0.23.0 wheel's file differs: d397a336...).
