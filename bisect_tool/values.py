@@ -7,6 +7,7 @@ a *repeat* one pass of the workload inside a lifetime, an *observation* one life
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,4 +80,17 @@ def short(ref: str) -> str:
     id (a release's ``vllm-0.26.0``) whole, since its prefix would not tell releases apart."""
     if len(ref) >= 12 and set(ref) <= _HEX_CHARS:
         return ref[:12]
+    return ref
+
+
+_RELEASE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*?-(\d+(?:\.\d+)*(?:[a-z0-9.+_]*))$")
+
+
+def spelled(ref: str, level: str) -> str:
+    """How a person names a candidate on screen: in a release-level run, a release's id
+    (``vllm-0.27.0``) as its tag ``v0.27.0``, the one spelling the report uses (issue 32, item
+    9); anything else as it is (a branch named ``release-1.2`` too)."""
+    match = _RELEASE_ID.match(ref) if level == "release" else None
+    if match:
+        return f"v{match.group(1)}"
     return ref

@@ -331,7 +331,7 @@ def test_replay_prints_its_answer_and_the_report_command_on_lines_of_their_own()
                           env={**os.environ})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "first good release: vllm-0.27.0 (confidence 99.6%, 4 lifetimes)",
+        "first good release: v0.27.0 (confidence 99.6%, 4 lifetimes)",
         f"the full report: bisect report --journal {RELEASES}"]
 
 
@@ -408,3 +408,23 @@ def test_messages_shown_name_no_folder_of_the_machine_that_ran() -> None:
     assert no_local_paths("no local path /home/me/y.so; 404 https://wheels.vllm.ai/abc/") \
         == "no local path y.so; 404 https://wheels.vllm.ai/abc/"
     assert no_local_paths("16/16 rows, h4096") == "16/16 rows, h4096"
+
+
+def test_status_and_log_spell_releases_as_the_report_does(tmp_path: Path) -> None:
+    """One spelling of a release on screen and in the report (issue 32, item 9): v0.27.0."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "journal.jsonl").write_bytes(RELEASES.read_bytes())
+    def show(command: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "bisect_tool", command, "--state-dir",
+                               str(state)], capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    status = show("status")
+    assert "top candidate: v0.27.0 at 99.6%" in status and "vllm-0." not in status, status
+    # the log's second column names the candidate (the first is the lifetime's id)
+    names = {line.split()[1] for line in show("log").splitlines()
+             if line.startswith("vllm-0.")}
+    assert names and all(n.startswith("v0.") for n in names), names

@@ -19,6 +19,7 @@ from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.recipe import Recipe
 from bisect_tool.run import Outcome
+from bisect_tool.values import spelled
 from bisect_tool.verdict import EndState
 
 
@@ -196,7 +197,8 @@ def print_outcome(outcome: Outcome, journal: Path | None = None) -> None:
     if outcome.answered:
         word = "first good" if summary["direction"] == "fix" else "first bad"
         noun = "release" if summary.get("level") == "release" else "commit"
-        block = summary["flip_block"]
+        level = str(summary.get("level") or "commit")
+        block = [spelled(str(ref), level) for ref in summary["flip_block"]]
         if len(block) == 1:
             click.echo(
                 f"{word} {noun}: {block[0]} (confidence {summary['confidence']:.1%}, "

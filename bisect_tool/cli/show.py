@@ -19,7 +19,7 @@ from bisect_tool.cli.common import (
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.run import Outcome
-from bisect_tool.values import short
+from bisect_tool.values import short, spelled
 from bisect_tool.verdict import end_state
 
 
@@ -38,7 +38,11 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(f"state: {_liveness(summary['state'], repo, state_dir)} ({summary['direction']})")
-    flip = summary["flip_commit"] or ", ".join(short(str(s)) for s in summary["flip_block"])
+    level = str(summary.get("level") or "commit")
+    if level == "release":
+        flip = ", ".join(spelled(str(s), level) for s in summary["flip_block"])
+    else:  # a single commit whole: a script may pass it to git as it is
+        flip = summary["flip_commit"] or ", ".join(short(str(s)) for s in summary["flip_block"])
     click.echo(f"top candidate: {flip} at {summary['confidence']:.1%}")
     click.echo(f"90% credible set: {len(summary['credible_set'])} commits")
     click.echo(
@@ -49,7 +53,7 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
     if tiers:
         click.echo(
             f"tiers: {tiers['phase']}; the {tiers['kind']} probe ran {tiers['narrow_runs']} "
-            f"times and puts the flip at {short(str(tiers['narrow_flip']))} "
+            f"times and puts the flip at {short(spelled(str(tiers['narrow_flip']), level))} "
             f"({tiers['narrow_confidence']:.1%})"
         )
 
@@ -77,6 +81,7 @@ def log(repo: Path, state_dir: Path | None) -> None:
     """The journal, one line per event."""
     contents = journal_mod.read(journal_path(repo, state_dir))
     h = contents.header
+    level = str(h.get("level") or "commit")
     click.echo(
         f"# session {h['session']}: {h['direction']} {h['good_ref']} (good) {h['bad_ref']} (bad)"
     )
@@ -84,14 +89,15 @@ def log(repo: Path, state_dir: Path | None) -> None:
         kind = e.get("type")
         if kind == "observation":
             click.echo(
-                f"{e['lifetime_id']:<16} {short(e['commit'])} {e['verdict']:<12} "
+                f"{e['lifetime_id']:<16} {short(spelled(e['commit'], level))} {e['verdict']:<12} "
                 + ("[fast probe] " if e.get("tier") == "narrow" else "")
                 + f"{e.get('message', '')[:80]}"
             )
         elif kind == "phase":
             click.echo(f"phase            {e['phase']}: {e.get('message', '')}")
         elif kind == "untestable":
-            click.echo(f"untestable       {short(e['commit'])} {e.get('message', '')[:80]}")
+            name = short(spelled(e["commit"], level))
+            click.echo(f"untestable       {name} {e.get('message', '')[:80]}")
         elif kind == "controls":
             click.echo(f"controls         {'ok' if e.get('ok') else e.get('problem', '')[:100]}")
         elif kind == "end":
@@ -113,7 +119,8 @@ def replay_cmd(file: Path, as_json: bool) -> None:
         return
     end = state.end or {}
     if not end:
-        click.echo(f"running: top {summary['confidence']:.1%} at {summary['flip_block'][0]}")
+        top = short(spelled(str(summary["flip_block"][0]), str(summary.get("level") or "commit")))
+        click.echo(f"running: top {summary['confidence']:.1%} at {top}")
         return
     print_outcome(Outcome(end_state(end["state"]), str(end.get("message", "")), summary),
                   journal=file)
