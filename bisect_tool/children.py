@@ -161,11 +161,13 @@ def _group_members(pgid: int) -> list[int]:
 
 
 def _kill(pgid: int) -> bool:
-    if pgid in (0, 1, os.getpgrp()):
+    # a process caught while it exits reads as group -1 in /proc/PID/stat (seen under load:
+    # os.killpg(-1) raised EINVAL out of a lifetime that had ended well)
+    if pgid <= 1 or pgid == os.getpgrp():
         return False
     try:
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except OSError:  # gone (ESRCH), not ours (EPERM), or no such group (EINVAL)
         return False
     return True
 
