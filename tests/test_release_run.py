@@ -52,7 +52,7 @@ def test_releases_find_the_first_good_release_and_say_what_was_left_out(
         "--state-dir", str(state), "-q",
     )
     assert code == 0, err
-    assert "first good release: demollm-0.27.0" in out
+    assert "first good release: v0.27.0" in out
     contents = _journal(state)
     header = contents.header
     assert header["level"] == "release" and header["repo"] == ""
@@ -83,7 +83,7 @@ def test_releases_find_the_first_good_release_and_say_what_was_left_out(
         "--state-dir", str(offline), "-q",
     )
     assert code == 0, err
-    assert "first good release: demollm-0.27.0" in out
+    assert "first good release: v0.27.0" in out
     assert _journal(offline).header["listing_source"] == "cache"
     assert sum(demollm_index.gets.values()) == before
 

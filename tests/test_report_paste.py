@@ -428,3 +428,15 @@ def test_status_and_log_spell_releases_as_the_report_does(tmp_path: Path) -> Non
     names = {line.split()[1] for line in show("log").splitlines()
              if line.startswith("vllm-0.")}
     assert names and all(n.startswith("v0.") for n in names), names
+
+
+def test_the_environment_names_the_interpreter_without_this_machines_directories() -> None:
+    """Which interpreter ran is in the report (issue 30), where it sits on this machine is not
+    (issue 32, item 2: a pasted report names no machine-local path)."""
+    from bisect_tool.report.environment import block
+
+    env = {"python": "3.12.3 (the tool's own, /home/me/work/.venv/bin/python3)"}
+    rows = dict(block(env, {}, []))
+    assert rows["Python"] == "3.12.3 (the tool's own, python3)"
+    env = {"python": "unknown (/opt/py/bin/python3.12 did not answer)"}
+    assert dict(block(env, {}, []))["Python"] == "unknown (python3.12 did not answer)"

@@ -124,8 +124,17 @@ def evidence_notes(report: Mapping[str, Any]) -> list[str]:
     return notes
 
 
-def _gate_words(g: Mapping[str, Any]) -> str:
-    ops = ", ".join(code(o) for o in g["ops"]) or "its extension"
+#: rejected ops named in the op check's table cell; a longer list follows the table whole (0.22.0
+#: under 0.26.0's stack lacks 56 ops: a 2,700-character cell on the H100, 2026-12-07)
+_OPS_IN_CELL = 4
+
+
+def _gate_words(g: Mapping[str, Any], limit: int | None = None) -> str:
+    named = list(g["ops"])
+    shown = named if limit is None or len(named) <= limit else named[:limit]
+    ops = ", ".join(code(o) for o in shown) or "its extension"
+    if len(shown) < len(named):
+        ops += f" and {len(named) - len(shown)} more (every one under the table)"
     if g["unnamed"]:
         ops += f" and {g['unnamed']} more this run did not name"
     return ops
@@ -160,12 +169,17 @@ def narrowing_section(report: Mapping[str, Any]) -> list[str]:
     python = report["controls"]["python_side"] if report.get("controls") else None
     pinned = f"The pinned stack ({python}'s Python)" if python else "The pinned stack"
     rows = []
+    long_lists = []
     for r in t["rows"]:
         gate = r["gate"]
         said = "-" if gate is None else "loads it" if gate == "ok" else (
-            f"rejects it: {_gate_words(gate)}")
+            f"rejects it: {_gate_words(gate, _OPS_IN_CELL)}")
         rows.append([ref(r), str(r["runs"]), r["verdict"], esc(r["saw"]), said])
+        if isinstance(gate, Mapping) and len(gate["ops"]) > _OPS_IN_CELL:
+            long_lists.append(f"- {ref(r)}: {_gate_words(gate)}.")
     lines += table([noun.capitalize(), "Runs", "Op check", "What it saw", pinned], rows, "lrll")
+    if long_lists:
+        lines += ["", "Every op the gate found amiss:", "", *long_lists]
     compared = t.get("gate_compared")
     what = (f"the ops in `[runtime] gate_ops` ({', '.join(code(o) for o in compared)})"
             if compared else f"every op the pinned {files} registers")

@@ -9,6 +9,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from bisect_tool.journal import JournalContents
+from bisect_tool.report.names import no_local_paths
 
 _ORDER = ("gpu", "gpus", "driver", "cuda", "torch", "vllm", "pinned", "pinned_stack", "image",
           "python", "platform", "host", "hostname")
@@ -82,8 +83,8 @@ def block(env: Mapping[str, Any], recipe: Mapping[str, Any],
     for key, label in _ROWS:
         if env.get(key):
             # Python: its version and which interpreter ran the lifetimes (the recipe's, or
-            # the tool's own), as recorded
-            rows.append((label, str(env[key])))
+            # the tool's own), named without the directories it sits in on this machine
+            rows.append((label, no_local_paths(str(env[key]))))
     package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
     if env.get("pinned_version"):
         rows.append((f"{package} (the pinned Python side)", str(env["pinned_version"])))

@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from typing import Any
 
 from bisect_tool import __version__
@@ -82,7 +83,8 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
                 env=env,
             )
             facts.update(json.loads(done.stdout.strip().splitlines()[-1]))
-            facts["python"] = f"{facts['python']} ({interpreter})"
+            whose = "the tool's own, " if interpreter == sys.executable else ""
+            facts["python"] = f"{facts['python']} ({whose}{interpreter})"
         except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError):
             facts["python"] = f"unknown ({interpreter} did not answer)"
         if runtime.pinned_package_dir:
