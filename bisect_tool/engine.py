@@ -87,6 +87,10 @@ class Engine:
         # probe narrows; journaled as they end, before the next decision
         self._background: dict[Future[Observation | Mapping[str, Any]], Item] = {}
         self._background_pool: ThreadPoolExecutor | None = None
+        # several slots: the items under way; a slot that comes back is refilled at once
+        # (``Design.refill``) instead of standing idle until the others end
+        self._running: dict[Future[Observation | Mapping[str, Any]], Item] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Journal ``entry`` and apply it, as written, to the design."""
@@ -98,6 +102,14 @@ class Engine:
         try:
             while True:
                 self._collect_background(wait=False)
+                if self._running:
+                    self._collect_running()
+                    if self._running:
+                        work = self.design.refill(
+                            tuple(self._running.values()), self.parallel - len(self._running))
+                        if work is not None:
+                            self._start(work)
+                        continue
                 step = self.design.next_step()
                 if isinstance(step, Finish):
                     if self._background:
@@ -114,6 +126,8 @@ class Engine:
                 else:
                     self._work(step)
         except BaseException:
+            if self._running:
+                self._stop_running()
             if self._background:
                 # as for lifetimes in threads: stop what can be stopped, journal what ended
                 for item in set(self._background.values()):
@@ -121,8 +135,29 @@ class Engine:
                 self._collect_background(wait=True, raising=False)
             raise
         finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
             if self._background_pool is not None:
                 self._background_pool.shutdown(wait=True)
+
+    def _collect_running(self) -> None:
+        """Wait for the first item under way to end; journal it and any other that ended."""
+        done = [f for f in self._running if f.done()]
+        if not done:
+            done = [next(as_completed(self._running))]
+        for fut in done:
+            item = self._running.pop(fut)
+            self._record(item, fut.result())  # a lifetime that failed stops the run here
+
+    def _stop_running(self) -> None:
+        """Ctrl-C, SIGTERM/SIGHUP or a failed lifetime: stop what can be stopped (Ray tasks),
+        let the rest end as they would have, and journal each one that did."""
+        for arm in {item.arm for item in self._running.values()}:
+            self._arm_named(arm).cancel()
+        for fut in as_completed(list(self._running)):
+            item = self._running.pop(fut)
+            if not fut.cancelled() and fut.exception() is None:
+                self._record(item, fut.result())
 
     def _collect_background(self, *, wait: bool, raising: bool = True) -> None:
         """Journal the background items that ended (all of them, once ended, with ``wait``)."""
@@ -169,33 +204,26 @@ class Engine:
                 self._background[self._background_pool.submit(self._evaluate, item)] = item
         if not items:
             return
-        # the lookahead (bisect_tool.lookahead): each step replaces the last list, so an empty
-        # one stops what an earlier guess would still have fetched
-        self._arm(items[-1]).prepare(list(work.prepare))
-        if len(items) == 1:
-            item = items[0]
-            self._record(item, self._evaluate(item))
+        if self.parallel > 1:
+            self._start(Work(tuple(items), work.prepare))
             return
-        with ThreadPoolExecutor(max_workers=min(len(items), self.parallel)) as pool:
-            futures = {pool.submit(self._evaluate, item): item for item in items}
-            recorded: set[Future[Observation | Mapping[str, Any]]] = set()
-            try:
-                # journal each lifetime as it comes back, not in submission order
-                for fut in as_completed(futures):
-                    self._record(futures[fut], fut.result())
-                    recorded.add(fut)
-            except BaseException:
-                # Ctrl-C, SIGTERM/SIGHUP or a failed lifetime: stop the others now where they
-                # can be stopped (Ray tasks), not after the pool has waited for them all. The
-                # rest end as they would have: each is an observation like any other and is
-                # journaled before the exception goes on.
-                for arm in {item.arm for item in items}:
-                    self._arm_named(arm).cancel()
-                pool.shutdown(wait=True)
-                for fut, item in futures.items():
-                    if fut not in recorded and not fut.cancelled() and fut.exception() is None:
-                        self._record(item, fut.result())
-                raise
+        # one slot: each in turn, journaled before the next starts
+        # (the lookahead, bisect_tool.lookahead: each step replaces the last list, so an empty
+        # one stops what an earlier guess would still have fetched)
+        self._arm(items[-1]).prepare(list(work.prepare))
+        for item in items:
+            self._record(item, self._evaluate(item))
+
+    def _start(self, work: Work) -> None:
+        """Start ``work``'s items on free slots; they are journaled as each one ends."""
+        for event in work.events:
+            self.observer(event)
+        self._arm(work.items[-1]).prepare(list(work.prepare))
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.parallel,
+                                            thread_name_prefix="bisect-slot")
+        for item in work.items:
+            self._running[self._pool.submit(self._evaluate, item)] = item
 
     def _arm(self, item: Item) -> Evaluator:
         return self._arm_named(item.arm)

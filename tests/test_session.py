@@ -312,6 +312,59 @@ def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
     assert peak[0] == 3  # the slots were used at once
 
 
+def test_a_slot_that_comes_back_is_refilled_while_the_other_still_runs(tmp_path: Path) -> None:
+    """Two slots: when one lifetime ends, the next one starts at once, not once its pair ends
+    (on the H100 a slot stood idle a minute, twice in one run, waiting for a slower server:
+    docs/bench/gpu-2026-12-07-h100). The bad end's first lifetime here ends only once a third
+    lifetime has started; a run that waited for whole batches could not start one."""
+    import threading
+
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.values import Direction, Observation, Verdict
+
+    shas = [f"{i:040x}" for i in range(1, 21)]
+    flip = 11
+    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
+                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    started: list[str] = []
+    third_started = threading.Event()
+    waited_for_it: list[bool] = []
+    lock = threading.Lock()
+
+    class SlowFirst:
+        def prepare(self, commits: object) -> None:
+            return None
+
+        def cancel(self) -> int:
+            return 0
+
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            with lock:
+                started.append(lifetime_id)
+                if len(started) >= 3:
+                    third_started.set()
+            if len(started) == 1 or lifetime_id == started[0]:
+                waited_for_it.append(third_started.wait(20))
+            bad = shas.index(commit) >= flip
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng))
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(SlowFirst(), parallel=2))
+    assert waited_for_it == [True], "the third lifetime waited for the first one's pair"
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
+    observed = read(path).observations
+    ids = [o["lifetime_id"] for o in observed]
+    assert len(ids) == len(set(ids)) and set(ids) == set(started)
+    # journaled as each ended: the slow first lifetime after the ones that overtook it
+    assert ids.index(started[0]) > ids.index(started[1])
+
+
 def test_lifetimes_that_end_after_a_sigterm_are_journaled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,10 @@ whatever comes next. It is rebuilt from the journal entry by entry (``apply``) a
 - ``Record``: an entry to journal as is (the tiered search moving to its next phase);
 - ``Finish``: the end state and its one-line message.
 
+With several slots, a design may also ``refill`` a slot as soon as its lifetime ends, while the
+others still run (a vLLM lifetime takes 50-150 s, and one slot stood idle for a minute waiting for
+its pair on the H100: docs/bench/gpu-2026-12-07-h100).
+
 The one engine (``bisect_tool.engine``) carries the steps out against real evaluators: it owns the
 journal, the parallel lifetimes, the signals and the progress events, and never decides anything
 itself. ``drive`` below carries them out against a plain function instead, with no journal and no
@@ -21,7 +25,7 @@ one cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -87,6 +91,12 @@ class Design(Protocol):
         ...
 
     def next_step(self) -> Step: ...
+
+    def refill(self, running: Sequence[Item], free: int) -> Work | None:
+        """Work for ``free`` idle slots while ``running`` items are still out, or None: wait for
+        them (the engine then asks ``next_step`` once nothing runs). A design that decides only
+        on complete batches returns None."""
+        ...
 
     def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
         """The journal entry of one finished lifetime."""

@@ -10,7 +10,10 @@ out; ``designs.drive`` does the same for ``bisect simulate``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bisect_tool import entries, lookahead
@@ -26,7 +29,7 @@ from bisect_tool.ends import good_end_not_good
 from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.session import State, observation_entry
-from bisect_tool.strategy import Choice, NoCandidateLeft
+from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft
 from bisect_tool.tiers import Phase, Tier
 from bisect_tool.values import Observation
 from bisect_tool.verdict import EndState, controls_problem
@@ -78,6 +81,7 @@ class BisectDesign:
                     "no candidate at the good end can run the controls: "
                     + "; ".join(str(e.get("problem", "")) for e in state.controls_refused)))
             controls = controls_item(state.candidates[good].sha, FAITHFUL)
+            self._controls_running = True
             if self.slots == 1:
                 return Work((controls,))
             # with slots to spare the first lifetimes boot beside the controls (they count once
@@ -105,6 +109,52 @@ class BisectDesign:
         self._controls_running = True
         controls = controls_item(self.state.candidates[good].sha, FAITHFUL, background=True)
         return Work((*step.items, controls), step.prepare, step.events)
+
+    def refill(self, running: Sequence[Item], free: int) -> Work | None:
+        """Lifetimes for ``free`` slots that came back while ``running`` ones still run: what
+        ``next_step`` would hand out now to every slot, less what is already running (a slot
+        stood idle a minute for its pair on the H100, twice in one run:
+        docs/bench/gpu-2026-12-07-h100). None, to wait for the running ones, whenever the next
+        step is no lifetimes of their tier: a phase change, the controls, the end (which thus
+        still counts every lifetime under way). A deterministic probe keeps whole batches: its
+        runs take seconds, and each one's answer decides where the next one goes."""
+        state = self.state
+        lifetimes = [item for item in running if not item.controls]
+        if free <= 0 or controls_problem(state.controls):
+            return None
+        if self.controls and state.controls is None and not self._controls_running:
+            return None
+        decision = decide(state)
+        if not isinstance(decision, Lifetimes):
+            return None
+        if any(item.key[1] is not decision.tier for item in lifetimes):
+            return None
+        strategy = state.strategy_for(decision.tier)
+        if strategy.summary().deterministic or _could_end(strategy, lifetimes):
+            return None
+        out = {item.lifetime_id for item in lifetimes} - state.seen_lifetimes
+        state.seen_lifetimes.update(out)  # their ids are taken: the new ones come after
+        try:
+            step = self._lifetimes(decision, free + len(lifetimes))
+        finally:
+            state.seen_lifetimes.difference_update(out)
+        if not isinstance(step, Work):
+            return None
+        under_way = Counter(item.key for item in lifetimes)
+        items: list[Item] = []
+        for item in step.items:
+            if under_way[item.key]:
+                under_way[item.key] -= 1
+            elif len(items) < free:
+                items.append(item)
+        if not items:
+            return None
+        started = Counter(item.commit for item in items)
+        events = tuple(
+            dataclasses.replace(e, lifetimes=started[e.sha]) if isinstance(e, CandidateChosen)
+            else e
+            for e in step.events if not isinstance(e, CandidateChosen) or started[e.sha])
+        return Work(tuple(items), step.prepare, events)
 
     def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
         position, tier = item.key
@@ -198,6 +248,21 @@ class BisectDesign:
             s.confidence,
             str(tier) if self.state.tiered else "",
         )
+
+
+def _could_end(strategy: BayesianStrategy, running: Sequence[Item]) -> bool:
+    """Whether the lifetimes under way would end the search, each coming back as the posterior
+    expects (divergent on the likely bad side): then a slot that comes back waits for them
+    rather than start a lifetime the answer does not need, which the end would wait for
+    (bench/slots.py: refilled at once, the tiered runs took 0.89x as long as whole batches)."""
+    if not running:
+        return False
+    bad_side = strategy.summary().bad_side
+    what_if = copy.deepcopy(strategy)
+    for item in running:
+        position = item.key[0]
+        what_if.record(position, bool(bad_side[position] >= 0.5))
+    return what_if.summary().done
 
 
 def end_entry(state: State, state_name: EndState, message: str) -> entries.EndEntry:

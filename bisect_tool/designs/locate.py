@@ -9,7 +9,7 @@ lifetimes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bisect_tool import entries
@@ -102,6 +102,10 @@ class LocateDesign:
                      "tied": [str(t) for t in finding.tied]},
             summary={"confidence": finding.probability, "evaluations": len(self.observations)},
         )
+
+    def refill(self, running: Sequence[Item], free: int) -> Work | None:
+        """The matrix hands out each round whole: its cells are compared side by side."""
+        return None
 
     def progress(self, item: Item) -> Event | None:
         return None

@@ -1,0 +1,153 @@
+"""Several lifetimes at once: a slot refilled as soon as its lifetime ends, against whole batches.
+
+    python bench/slots.py [--seeds 12] [--scale 0.002] [--slots 2]
+
+On the lent H100 (docs/bench/gpu-2026-12-07-h100) two vLLM lifetimes ran at once and the next
+pair started only once both had ended: one slot stood idle 56 s, then 44 s, of a 325 s run.
+This runs the real engine and the real bisect design (``bisect_tool.engine``,
+``designs.bisect``) over the same simulated histories twice, once as shipped (``refill``) and once
+with whole batches (``refill`` returning None, the engine before), with lifetimes that last as
+long as that record's did (47-148 s; ``--scale`` seconds of wall time per GPU second) and show
+the bug as often (p = 0.9 on the bad side, q = 0.01). The tiered run (the op check narrows
+a 10-release range, then lifetimes confirm) and a lifetimes-only run of 60 commits.
+
+Prints time to answer, lifetimes and right answers per mode, and the ratio batches / refill
+measured in the same run (a ratio, not a timed test: the machine's load moves both sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bisect_tool import session  # noqa: E402
+from bisect_tool.designs import Item, Work  # noqa: E402
+from bisect_tool.designs.bisect import BisectDesign  # noqa: E402
+from bisect_tool.engine import Engine  # noqa: E402
+from bisect_tool.journal import Journal, read  # noqa: E402
+from bisect_tool.range import Candidate, CommitRange  # noqa: E402
+from bisect_tool.recipe import Recipe  # noqa: E402
+from bisect_tool.values import Direction, Observation, Verdict  # noqa: E402
+from bisect_tool.wiring import Evaluators  # noqa: E402
+
+#: the H100 record's server lifetimes, seconds (docs/bench/gpu-2026-12-07-h100: tiered and
+#: no-narrow, two at a time, some beside the controls)
+H100_LIFETIMES_S = (91.8, 148.0, 51.0, 95.3, 47.7, 49.3, 78.4, 80.5, 71.3, 72.9, 68.2, 71.4,
+                    83.2, 89.1, 78.8, 80.6, 59.7, 65.3, 61.1, 61.3)
+OP_RUN_S = 8.0  # an op check run on that card: 7.3-11.8 s
+
+
+class Batches(BisectDesign):
+    """The engine before refill: the next lifetimes start once every running one has ended."""
+
+    def refill(self, running: Sequence[Item], free: int) -> Work | None:
+        return None
+
+
+class Simulated:
+    """A probe over a history that flips at ``flip`` (a fix: older than ``flip`` is bad), each
+    lifetime's verdict and length drawn from its own id, so both modes meet the same luck."""
+
+    def __init__(self, shas: Sequence[str], flip: int, p: float, q: float, seed: int,
+                 scale: float, seconds: Sequence[float]) -> None:
+        self.shas, self.flip, self.p, self.q = list(shas), flip, p, q
+        self.seed, self.scale, self.seconds = seed, scale, list(seconds)
+
+    def _draw(self, lifetime_id: str, what: str) -> float:
+        key = f"{self.seed}/{lifetime_id}/{what}".encode()
+        return zlib.crc32(key) / 2**32
+
+    def prepare(self, commits: object) -> None:
+        return None
+
+    def cancel(self) -> int:
+        return 0
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+        length = self.seconds[int(self._draw(lifetime_id, "length") * len(self.seconds))]
+        time.sleep(length * self.scale)
+        bad = self.shas.index(commit) < self.flip
+        shows = self._draw(lifetime_id, "verdict") < (self.p if bad else self.q)
+        return Observation(commit, Verdict.DIVERGENT if shows else Verdict.CLEAN, lifetime_id,
+                           duration_s=length)
+
+
+def _range(n: int) -> CommitRange:
+    shas = [f"{i:040x}" for i in range(1, n + 1)]
+    return CommitRange("good", "bad", shas[-1], shas[0], Direction.FIX,
+                       tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+
+
+def one_run(folder: Path, n: int, tiered: bool, design_class: type[BisectDesign], seed: int,
+            scale: float, slots: int) -> dict[str, Any]:
+    rng = _range(n)
+    shas = [c.sha for c in rng.candidates]
+    flip = 1 + zlib.crc32(f"flip/{seed}".encode()) % (n - 1)
+    recipe = Recipe("bench").to_dict()
+    if tiered:
+        recipe["probe"]["narrow"] = "op"
+    path = folder / "journal.jsonl"
+    faithful = Simulated(shas, flip, 0.9, 0.01, seed, scale, H100_LIFETIMES_S)
+    narrow = Simulated(shas, flip, 1.0, 0.0, seed, scale, (OP_RUN_S,)) if tiered else None
+    evaluators = Evaluators(faithful, slots, narrow=narrow)
+    started = time.perf_counter()
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng, recipe=recipe, mode="recipe"))
+        state = session.replay(read(path))
+        Engine(journal, design_class(state, slots=slots), evaluators.arms(),
+               parallel=slots).run()
+    seconds = (time.perf_counter() - started) / scale
+    summary = state.summary()
+    observed = read(path).observations
+    return {
+        "seconds": seconds,
+        "lifetimes": sum(1 for o in observed if o.get("tier") != "narrow"),
+        "right": summary.get("flip_commit") == shas[flip],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python bench/slots.py")
+    parser.add_argument("--seeds", type=int, default=12)
+    parser.add_argument("--scale", type=float, default=0.002,
+                        help="wall seconds per GPU second (0.002: a 90 s lifetime in 0.18 s)")
+    parser.add_argument("--slots", type=int, default=2)
+    args = parser.parse_args(argv)
+    print(f"# python bench/slots.py --seeds {args.seeds} --scale {args.scale} "
+          f"--slots {args.slots}")
+    for label, n, tiered in (("tiered, 10 releases", 10, True),
+                             ("lifetimes only, 60 commits", 60, False)):
+        results: dict[str, list[dict[str, Any]]] = {"refill": [], "batches": []}
+        for seed in range(args.seeds):
+            # alternate the order so that drift in the machine's load hits both alike
+            modes = (("refill", BisectDesign), ("batches", Batches))
+            for name, design_class in modes if seed % 2 == 0 else modes[::-1]:
+                with tempfile.TemporaryDirectory(prefix="bench-slots-") as tmp:
+                    results[name].append(one_run(Path(tmp), n, tiered, design_class, seed,
+                                                 args.scale, args.slots))
+        print(f"\n{label}, {args.slots} slots, {args.seeds} histories (GPU seconds):")
+        for name, runs in results.items():
+            secs = [r["seconds"] for r in runs]
+            print(f"  {name:<8} time to answer mean {statistics.mean(secs):6.0f} s "
+                  f"(median {statistics.median(secs):.0f}); lifetimes mean "
+                  f"{statistics.mean(r['lifetimes'] for r in runs):.1f}; right "
+                  f"{sum(r['right'] for r in runs)}/{len(runs)}")
+        ratio = [b["seconds"] / r["seconds"]
+                 for b, r in zip(results["batches"], results["refill"], strict=True)]
+        print(f"  batches / refill, paired: time {statistics.mean(ratio):.2f}x "
+              f"(median {statistics.median(ratio):.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
