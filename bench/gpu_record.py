@@ -10,7 +10,8 @@ card named in the journals' environment entry is the same for both.
 
 Time to answer is the run's own time: from its journal header to its end entry, less the time
 between device calls when a run was resumed (a call's deadline stops it with SIGTERM, the next
-call's ``bisect resume`` goes on), so waiting for the machine never counts. Prints each figure
+call's ``bisect resume`` goes on), so waiting for the machine never counts; a short pause
+between two calls does count, and so do the lifetimes the deadline tore down. Prints each figure
 against its limit (issue 31: at most 300 s to answer the ten-release range with cached
 artifacts) and the ratio no-narrow / tiered of time and lifetimes.
 """
@@ -42,6 +43,7 @@ class Run:
     active_s: float  # header to end, less the pauses between device calls
     span_s: float  # header to end
     lifetimes: int  # server lifetimes (the controls' not counted)
+    refused: int  # lifetimes the pinned stack's gate refused before a server booted
     control_lifetimes: int
     op_runs: int
     builds: int
@@ -75,14 +77,24 @@ def read_run(path: Path, mode: str) -> Run:
         state=str(end.get("state") or "running"),
         active_s=(times[-1] - times[0] - sum(gaps)) if times else 0.0,
         span_s=(times[-1] - times[0]) if times else 0.0,
-        lifetimes=sum(1 for o in observations if (o.get("tier") or "faithful") == "faithful"),
+        lifetimes=sum(1 for o in observations if (o.get("tier") or "faithful") == "faithful"
+                      and o.get("verdict") != "untestable"),
+        refused=sum(1 for o in observations if (o.get("tier") or "faithful") == "faithful"
+                    and o.get("verdict") == "untestable"),
         control_lifetimes=sum(int(c.get("attempts") or 1) for c in controls
                               if not c.get("untestable")),
         op_runs=sum(1 for o in observations if o.get("tier") == "narrow"),
         builds=builds,
         candidates=len(header.get("candidates") or ()),
-        resumes=len(gaps),
+        resumes=max(len(gaps), _calls(path.parent / f"times-{path.stem.split('-')[-1]}.tsv") - 1),
     )
+
+
+def _calls(times: Path) -> int:
+    """The device calls a run took (``release_range.sh`` appends one row a call), 0 unknown."""
+    if not times.is_file():
+        return 0
+    return sum(1 for line in times.read_text().splitlines() if line.strip())
 
 
 def report(folder: Path) -> list[str]:
@@ -108,6 +120,7 @@ def report(folder: Path) -> list[str]:
     row("time to answer (s)", [f"{r.active_s:.0f}" for r in runs],
         f"tiered <= {LIMIT_S:.0f} s: {'met' if ok else 'NOT met'}")
     row("server lifetimes", [str(r.lifetimes) for r in runs])
+    row("refused by the gate", [str(r.refused) for r in runs], "no server booted")
     row("controls' lifetimes", [str(r.control_lifetimes) for r in runs])
     row("op-check runs", [str(r.op_runs) for r in runs])
     row("builds", [str(r.builds) for r in runs], "cached artifacts: 0")
