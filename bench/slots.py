@@ -1,15 +1,17 @@
 """Several lifetimes at once: a slot refilled as soon as its lifetime ends, against whole batches.
 
-    python bench/slots.py [--seeds 12] [--scale 0.002] [--slots 2]
+    python bench/slots.py [--seeds 24] [--scale 0.002] [--slots 2]
 
-On the lent H100 (docs/bench/gpu-2026-12-07-h100) two vLLM lifetimes ran at once and the next
-pair started only once both had ended: one slot stood idle 56 s, then 44 s, of a 325 s run.
-This runs the real engine and the real bisect design (``bisect_tool.engine``,
-``designs.bisect``) over the same simulated histories twice, once as shipped (``refill``) and once
-with whole batches (``refill`` returning None, the engine before), with lifetimes that last as
-long as that record's did (47-148 s; ``--scale`` seconds of wall time per GPU second) and show
-the bug as often (p = 0.9 on the bad side, q = 0.01). The tiered run (the op check narrows
-a 10-release range, then lifetimes confirm) and a lifetimes-only run of 60 commits.
+On the lent H100 (docs/bench/gpu-2026-12-07-h100, the --no-narrow run) the first batch was the
+controls and the bad end's first lifetime: the gate refused that release in 11 s, and the
+other slot then stood idle until the controls ended at 199 s, since the next lifetimes started
+only once the whole batch had. This runs the real engine and the real bisect design
+(``bisect_tool.engine``, ``designs.bisect``) over the same simulated histories twice, once as
+shipped (``refill``) and once with whole batches (``refill`` returning None, the engine before),
+with lifetimes as long as that record's were once they had a GPU (44-92 s; ``--scale`` wall
+seconds per GPU second) and showing the bug as often (p = 0.9 on the bad side, q = 0.01): the
+tiered run (the op check narrows 10 releases, then lifetimes confirm) and a lifetimes-only run
+of 60 commits. No controls: what it measures is lifetimes of unequal length.
 
 Prints time to answer, lifetimes and right answers per mode, and the ratio batches / refill
 measured in the same run (a ratio, not a timed test: the machine's load moves both sides).
@@ -40,9 +42,10 @@ from bisect_tool.recipe import Recipe  # noqa: E402
 from bisect_tool.values import Direction, Observation, Verdict  # noqa: E402
 from bisect_tool.wiring import Evaluators  # noqa: E402
 
-#: the H100 record's server lifetimes, seconds (docs/bench/gpu-2026-12-07-h100: tiered and
-#: no-narrow, two at a time, some beside the controls)
-H100_LIFETIMES_S = (91.8, 148.0, 51.0, 95.3, 47.7, 49.3, 78.4, 80.5, 71.3, 72.9, 68.2, 71.4,
+#: the H100 record's server lifetimes once they had a GPU, seconds (docs/bench/gpu-2026-12-07-h100:
+#: tiered, then no-narrow; two at a time; the seconds spent waiting for the GPU slot the
+#: controls' server held are left out)
+H100_LIFETIMES_S = (91.8, 56.2, 51.0, 44.3, 47.7, 49.3, 78.4, 80.5, 71.3, 72.9, 68.2, 71.4,
                     83.2, 89.1, 78.8, 80.6, 59.7, 65.3, 61.1, 61.3)
 OP_RUN_S = 8.0  # an op check run on that card: 7.3-11.8 s
 
@@ -118,7 +121,7 @@ def one_run(folder: Path, n: int, tiered: bool, design_class: type[BisectDesign]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/slots.py")
-    parser.add_argument("--seeds", type=int, default=12)
+    parser.add_argument("--seeds", type=int, default=24)
     parser.add_argument("--scale", type=float, default=0.002,
                         help="wall seconds per GPU second (0.002: a 90 s lifetime in 0.18 s)")
     parser.add_argument("--slots", type=int, default=2)

@@ -42,8 +42,11 @@ def describe(event: Event) -> str | None:
     if isinstance(event, ControlsEnded):
         return f"controls: {'ok' if event.ok else event.entry.get('problem', '')}"
     if isinstance(event, LifetimeEnded):
+        waited = float(((event.detail or {}).get("timing") or {}).get("gpu_wait_s") or 0.0)
+        # the seconds a lifetime waited for a GPU another server held are no part of it
+        wait = f", after {waited:.0f}s waiting for a GPU" if waited >= 1 else ""
         return (
-            f"  {event.lifetime_id}: {event.verdict} in {event.duration_s:.1f}s "
+            f"  {event.lifetime_id}: {event.verdict} in {event.duration_s - waited:.1f}s{wait} "
             f"({event.message[:100]})"
         )
     return None

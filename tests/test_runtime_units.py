@@ -186,6 +186,66 @@ def test_lifetimes_sharing_a_gpu_boot_one_at_a_time_and_probe_together(tmp_path:
     assert peak[0] == 1
 
 
+def test_a_lifetime_that_waited_for_a_gpu_says_so_and_its_boot_leaves_the_wait_out(
+    tmp_path: Path,
+) -> None:
+    """One GPU slot, two lifetimes: the second waits while the first holds it. On the H100 a
+    lifetime said "clean in 148.0s" of which 91 s were the controls' server holding the slot."""
+    import contextlib
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bisect_tool.evaluate.server import server_evaluator
+    from bisect_tool.events import LifetimeEnded
+    from bisect_tool.interfaces import ProbeResult, ServerHandle, SwapSet
+    from bisect_tool.progress import describe
+    from bisect_tool.recipe import Recipe
+    from bisect_tool.values import Verdict
+
+    pool = GpuPool(["0"], per_gpu=1)
+    first_up = threading.Event()
+
+    class Backend:
+        @contextlib.contextmanager
+        def lifetime(self, spec: Any) -> Any:
+            yield ServerHandle("http://127.0.0.1:1", "x", tmp_path / "log")
+
+        def check_compatible(self, swap: SwapSet) -> None:
+            return None
+
+    class Probe:
+        def run(self, server: ServerHandle, is_alive: object = None) -> ProbeResult:
+            if not first_up.is_set():
+                first_up.set()
+                time.sleep(1.5)  # the first lifetime holds the only GPU slot a while
+            return ProbeResult(Verdict.CLEAN, {}, "clean")
+
+    class Given:
+        def get(self, commit: str, tags: object = ()) -> SwapSet:
+            return SwapSet(commit, {})
+
+        def prefetch(self, commits: object, tags: object) -> None:
+            return None
+
+    evaluator = server_evaluator(
+        Recipe("t"), Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
+        gpu_lease=pool.lease,
+    )
+    evaluator.probe_factory = lambda sequential: Probe()
+    with ThreadPoolExecutor(2) as threads:
+        first = threads.submit(evaluator.evaluate, "c" * 40, "a")
+        assert first_up.wait(10)
+        second = threads.submit(evaluator.evaluate, "c" * 40, "b").result()
+        first.result()
+    timing = second.detail["timing"]
+    assert timing["gpu_wait_s"] >= 1.0 and timing["boot_s"] < 0.5
+    line = describe(LifetimeEnded(second.commit, "b", "clean", second.message,
+                                  second.duration_s, dict(second.detail)))
+    assert line is not None and "waiting for a GPU" in line
+    assert float(line.split(" in ")[1].split("s,")[0]) < 0.5  # the lifetime itself
+
+
 def test_gpu_pool_rejects_bad_lists() -> None:
     with pytest.raises(UsageError, match="listed twice"):
         GpuPool(["0", "0"])

@@ -314,9 +314,9 @@ def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
 
 def test_a_slot_that_comes_back_is_refilled_while_the_other_still_runs(tmp_path: Path) -> None:
     """Two slots: when one lifetime ends, the next one starts at once, not once its pair ends
-    (on the H100 a slot stood idle a minute, twice in one run, waiting for a slower server:
-    docs/bench/gpu-2026-12-07-h100). The bad end's first lifetime here ends only once a third
-    lifetime has started; a run that waited for whole batches could not start one."""
+    (on the H100 a slot stood idle 188 s beside the controls once the gate had refused its
+    release: docs/bench/gpu-2026-12-07-h100). The bad end's first lifetime here ends only once
+    a third lifetime has started; a run that waited for whole batches could not start one."""
     import threading
 
     from bisect_tool import session
@@ -468,6 +468,68 @@ def test_with_two_slots_the_first_lifetime_runs_beside_the_controls(tmp_path: Pa
     assert met and summary["state"] == "done" and summary["flip_commit"] == shas[12]
     kinds = [e["type"] for e in read(path).entries]
     assert "controls" in kinds[:3]  # journaled with the first lifetimes, before the rest
+
+
+def test_while_the_controls_run_a_slot_whose_end_was_refused_goes_on_to_the_next(
+    tmp_path: Path,
+) -> None:
+    """The GPU case (docs/bench/gpu-2026-12-07-h100, --no-narrow): the controls and the bad
+    end's first lifetime start together; the gate refuses the bad end at once. The lifetimes
+    go on from the nearest testable candidate while the controls still run (these end only once
+    two candidates have been tried), not 188 s later when they are done."""
+    import threading
+
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.values import Direction, Observation, Verdict
+
+    shas = [f"{i:040x}" for i in range(1, 21)]
+    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
+                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    tried: list[str] = []
+    two_tried = threading.Event()
+
+    class RefusesTheBadEnd:
+        def prepare(self, commits: object) -> None:
+            return None
+
+        def cancel(self) -> int:
+            return 0
+
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            tried.append(commit)
+            if len(set(tried)) >= 2:
+                two_tried.set()
+            if commit == shas[-1]:  # the bad end: the pinned stack's gate refuses it
+                return Observation(commit, Verdict.UNTESTABLE, lifetime_id, {}, "refused")
+            bad = shas.index(commit) >= 12
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    class Controls:
+        def __init__(self, commit: str) -> None:
+            self.commit = commit
+
+        def run(self) -> dict[str, object]:
+            held = two_tried.wait(20)
+            return {"type": "controls", "commit": self.commit, "ok": held,
+                    "problem": "" if held else "the lifetimes waited for the controls",
+                    "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
+
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng, recipe={"probe": {"controls": True}},
+                                          mode="recipe"))
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(RefusesTheBadEnd(), 2, Controls),
+                              controls=True)
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[12], summary["message"]
+    entries = read(path).entries
+    kinds = [e["type"] for e in entries]
+    tried_before_controls = {e["commit"] for e in entries[:kinds.index("controls")]
+                             if e["type"] in ("observation", "untestable")}
+    assert shas[-2] in tried_before_controls  # the next candidate ran beside the controls
 
 
 def test_controls_the_good_end_cannot_run_move_to_the_nearest_testable_candidate(

@@ -13,8 +13,8 @@ whatever comes next. It is rebuilt from the journal entry by entry (``apply``) a
 - ``Finish``: the end state and its one-line message.
 
 With several slots, a design may also ``refill`` a slot as soon as its lifetime ends, while the
-others still run (a vLLM lifetime takes 50-150 s, and one slot stood idle for a minute waiting for
-its pair on the H100: docs/bench/gpu-2026-12-07-h100).
+others still run (on the H100 the gate refused a release in 11 s and that slot then stood idle
+188 s, until the controls beside it ended: docs/bench/gpu-2026-12-07-h100).
 
 The one engine (``bisect_tool.engine``) carries the steps out against real evaluators: it owns the
 journal, the parallel lifetimes, the signals and the progress events, and never decides anything

@@ -112,8 +112,8 @@ class BisectDesign:
 
     def refill(self, running: Sequence[Item], free: int) -> Work | None:
         """Lifetimes for ``free`` slots that came back while ``running`` ones still run: what
-        ``next_step`` would hand out now to every slot, less what is already running (a slot
-        stood idle a minute for its pair on the H100, twice in one run:
+        ``next_step`` would hand out now to every slot, less what is already running (on the
+        H100 a slot stood idle 188 s beside the controls once the gate had refused its release:
         docs/bench/gpu-2026-12-07-h100). None, to wait for the running ones, whenever the next
         step is no lifetimes of their tier: a phase change, the controls, the end (which thus
         still counts every lifetime under way). A deterministic probe keeps whole batches: its
