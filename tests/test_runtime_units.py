@@ -31,6 +31,16 @@ PINNED = {
 }
 
 
+class _Given:
+    """An artifact provider whose every candidate's swap set is empty (fetched already)."""
+
+    def get(self, commit: str, tags: object = ()) -> SwapSet:
+        return SwapSet(commit, {})
+
+    def prefetch(self, commits: object, tags: object) -> None:
+        return None
+
+
 def test_same_schemas_and_extra_ops_are_compatible() -> None:
     extra = {**PINNED, "_C::new_op": "_C::new_op(Tensor x) -> Tensor"}
     assert compare_schemas(PINNED, extra) == []
@@ -138,7 +148,7 @@ def test_lifetimes_sharing_a_gpu_boot_one_at_a_time_and_probe_together(tmp_path:
     from concurrent.futures import ThreadPoolExecutor
 
     from bisect_tool.evaluate.server import server_evaluator
-    from bisect_tool.interfaces import ProbeResult, ServerHandle, SwapSet
+    from bisect_tool.interfaces import ProbeResult, ServerHandle
     from bisect_tool.recipe import Recipe
     from bisect_tool.values import Verdict
 
@@ -168,15 +178,8 @@ def test_lifetimes_sharing_a_gpu_boot_one_at_a_time_and_probe_together(tmp_path:
             both_probing.wait()  # both lifetimes are up at once
             return ProbeResult(Verdict.CLEAN, {}, "clean")
 
-    class Given:
-        def get(self, commit: str, tags: object = ()) -> SwapSet:
-            return SwapSet(commit, {})
-
-        def prefetch(self, commits: object, tags: object) -> None:
-            return None
-
     evaluator = server_evaluator(
-        Recipe("t"), Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
+        Recipe("t"), _Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
         gpu_lease=pool.lease, boot_lock=pool.booting,
     )
     evaluator.probe_factory = lambda sequential: Probe()
@@ -198,7 +201,7 @@ def test_a_lifetime_that_waited_for_a_gpu_says_so_and_its_boot_leaves_the_wait_o
 
     from bisect_tool.evaluate.server import server_evaluator
     from bisect_tool.events import LifetimeEnded
-    from bisect_tool.interfaces import ProbeResult, ServerHandle, SwapSet
+    from bisect_tool.interfaces import ProbeResult, ServerHandle
     from bisect_tool.progress import describe
     from bisect_tool.recipe import Recipe
     from bisect_tool.values import Verdict
@@ -221,15 +224,8 @@ def test_a_lifetime_that_waited_for_a_gpu_says_so_and_its_boot_leaves_the_wait_o
                 time.sleep(1.5)  # the first lifetime holds the only GPU slot a while
             return ProbeResult(Verdict.CLEAN, {}, "clean")
 
-    class Given:
-        def get(self, commit: str, tags: object = ()) -> SwapSet:
-            return SwapSet(commit, {})
-
-        def prefetch(self, commits: object, tags: object) -> None:
-            return None
-
     evaluator = server_evaluator(
-        Recipe("t"), Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
+        Recipe("t"), _Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
         gpu_lease=pool.lease,
     )
     evaluator.probe_factory = lambda sequential: Probe()
@@ -414,7 +410,7 @@ def test_a_teardown_waits_while_another_lifetime_on_its_gpu_boots(tmp_path: Path
     from concurrent.futures import ThreadPoolExecutor
 
     from bisect_tool.evaluate.server import server_evaluator
-    from bisect_tool.interfaces import ProbeResult, ServerHandle, SwapSet
+    from bisect_tool.interfaces import ProbeResult, ServerHandle
     from bisect_tool.recipe import Recipe
     from bisect_tool.values import Verdict
 
@@ -455,15 +451,8 @@ def test_a_teardown_waits_while_another_lifetime_on_its_gpu_boots(tmp_path: Path
                 threading.Timer(0.2, a_wants_down.set).start()
             return ProbeResult(Verdict.CLEAN, {}, "clean")
 
-    class Given:
-        def get(self, commit: str, tags: object = ()) -> SwapSet:
-            return SwapSet(commit, {})
-
-        def prefetch(self, commits: object, tags: object) -> None:
-            return None
-
     evaluator = server_evaluator(
-        Recipe("t"), Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
+        Recipe("t"), _Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
         gpu_lease=pool.lease, boot_lock=pool.booting,
     )
     evaluator.probe_factory = lambda sequential: Probe()

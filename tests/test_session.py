@@ -9,13 +9,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from gitrepos import Repo, linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
 from bisect_tool.errors import AbortError
+
+if TYPE_CHECKING:
+    from bisect_tool.interfaces import Evaluator
+    from bisect_tool.range import CommitRange
+    from bisect_tool.wiring import ControlsFor
 
 N = 16  # commits; v0.1.0 is commit 4, v0.4.0 commit 16
 
@@ -312,6 +319,58 @@ def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
     assert peak[0] == 3  # the slots were used at once
 
 
+class _LoopProbe:
+    """An evaluator for ``bisect_loop`` tests: nothing to prepare, nothing to cancel."""
+
+    def prepare(self, commits: object) -> None:
+        return None
+
+    def cancel(self) -> int:
+        return 0
+
+
+class _HeldControls:
+    """Controls for ``bisect_loop`` tests that hold once ``ready()`` says so (a barrier met,
+    an event set in time)."""
+
+    ready: Callable[[], bool]
+
+    def __init__(self, commit: str) -> None:
+        self.commit = commit
+
+    def run(self) -> dict[str, object]:
+        held = type(self).ready()
+        return {"type": "controls", "commit": self.commit, "ok": held,
+                "problem": "" if held else "the controls were not ready in time",
+                "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
+
+
+def _loop_range(n: int) -> tuple[list[str], CommitRange]:
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.values import Direction
+
+    shas = [f"{i:040x}" for i in range(1, n + 1)]
+    return shas, CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
+                             tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+
+
+def _run_loop(path: Path, rng: CommitRange, probe: Evaluator, parallel: int,
+              controls: ControlsFor | None = None) -> dict[str, Any]:
+    """``bisect_loop`` over ``rng`` with ``parallel`` slots (and the controls, when given)."""
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.run import Evaluators, bisect_loop
+
+    recipe = {"probe": {"controls": True}} if controls is not None else None
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng, recipe=recipe,
+                                          mode="recipe" if recipe else "manual"))
+        state = session.replay(read(path))
+        evaluators = (Evaluators(probe, parallel, controls) if controls is not None
+                      else Evaluators(probe, parallel))
+        return bisect_loop(journal, state, evaluators, controls=controls is not None)
+
+
 def test_a_slot_that_comes_back_is_refilled_while_the_other_still_runs(tmp_path: Path) -> None:
     """Two slots: when one lifetime ends, the next one starts at once, not once its pair ends
     (on the H100 a slot stood idle 188 s beside the controls once the gate had refused its
@@ -319,28 +378,17 @@ def test_a_slot_that_comes_back_is_refilled_while_the_other_still_runs(tmp_path:
     a third lifetime has started; a run that waited for whole batches could not start one."""
     import threading
 
-    from bisect_tool import session
-    from bisect_tool.journal import Journal, read
-    from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Evaluators, bisect_loop
-    from bisect_tool.values import Direction, Observation, Verdict
+    from bisect_tool.journal import read
+    from bisect_tool.values import Observation, Verdict
 
-    shas = [f"{i:040x}" for i in range(1, 21)]
+    shas, rng = _loop_range(20)
     flip = 11
-    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
-                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
     started: list[str] = []
     third_started = threading.Event()
     waited_for_it: list[bool] = []
     lock = threading.Lock()
 
-    class SlowFirst:
-        def prepare(self, commits: object) -> None:
-            return None
-
-        def cancel(self) -> int:
-            return 0
-
+    class SlowFirst(_LoopProbe):
         def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
             with lock:
                 started.append(lifetime_id)
@@ -352,10 +400,7 @@ def test_a_slot_that_comes_back_is_refilled_while_the_other_still_runs(tmp_path:
             return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
 
     path = tmp_path / "journal.jsonl"
-    with Journal(path) as journal:
-        journal.append(session.header_for(rng))
-        state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(SlowFirst(), parallel=2))
+    summary = _run_loop(path, rng, SlowFirst(), 2)
     assert waited_for_it == [True], "the third lifetime waited for the first one's pair"
     assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
     observed = read(path).observations
@@ -449,14 +494,8 @@ def test_with_two_slots_the_first_lifetime_runs_beside_the_controls(tmp_path: Pa
             bad = shas.index(commit) >= 12
             return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
 
-    class Controls:
-        def __init__(self, commit: str) -> None:
-            self.commit = commit
-
-        def run(self) -> dict[str, object]:
-            together.wait()
-            return {"type": "controls", "commit": self.commit, "ok": True, "problem": "",
-                    "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
+    class Controls(_HeldControls):
+        ready = staticmethod(lambda: together.wait() >= 0)
 
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
@@ -479,25 +518,14 @@ def test_while_the_controls_run_a_slot_whose_end_was_refused_goes_on_to_the_next
     two candidates have been tried), not 188 s later when they are done."""
     import threading
 
-    from bisect_tool import session
-    from bisect_tool.journal import Journal, read
-    from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Evaluators, bisect_loop
-    from bisect_tool.values import Direction, Observation, Verdict
+    from bisect_tool.journal import read
+    from bisect_tool.values import Observation, Verdict
 
-    shas = [f"{i:040x}" for i in range(1, 21)]
-    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
-                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    shas, rng = _loop_range(20)
     tried: list[str] = []
     two_tried = threading.Event()
 
-    class RefusesTheBadEnd:
-        def prepare(self, commits: object) -> None:
-            return None
-
-        def cancel(self) -> int:
-            return 0
-
+    class RefusesTheBadEnd(_LoopProbe):
         def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
             tried.append(commit)
             if len(set(tried)) >= 2:
@@ -507,23 +535,11 @@ def test_while_the_controls_run_a_slot_whose_end_was_refused_goes_on_to_the_next
             bad = shas.index(commit) >= 12
             return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
 
-    class Controls:
-        def __init__(self, commit: str) -> None:
-            self.commit = commit
-
-        def run(self) -> dict[str, object]:
-            held = two_tried.wait(20)
-            return {"type": "controls", "commit": self.commit, "ok": held,
-                    "problem": "" if held else "the lifetimes waited for the controls",
-                    "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
+    class Controls(_HeldControls):
+        ready = staticmethod(lambda: two_tried.wait(20))  # the lifetimes went on meanwhile
 
     path = tmp_path / "journal.jsonl"
-    with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe={"probe": {"controls": True}},
-                                          mode="recipe"))
-        state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(RefusesTheBadEnd(), 2, Controls),
-                              controls=True)
+    summary = _run_loop(path, rng, RefusesTheBadEnd(), 2, Controls)
     assert summary["state"] == "done" and summary["flip_commit"] == shas[12], summary["message"]
     entries = read(path).entries
     kinds = [e["type"] for e in entries]
