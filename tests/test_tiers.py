@@ -510,3 +510,50 @@ def test_ends_the_wrong_way_round_stop_before_the_controls_boot(tmp_path: Path) 
             Scripted(shas, 0, 1.0), 1, _Controls(None, ran), narrow=narrow), controls=True)
     assert summary["state"] == "ends_contradict"
     assert ran == [] and len(narrow.calls) == 2
+
+
+def test_the_controls_are_journaled_as_they_end_beside_a_running_lifetime(
+    tmp_path: Path,
+) -> None:
+    """Two slots, the controls in the background: they end while a confirm lifetime still
+    runs, and their entry is in the journal then, not once that lifetime has ended too (on
+    the H100 it came 36 s after their server was down: docs/bench/gpu-2026-12-07-h100)."""
+    import threading
+    import time
+
+    rng = _range(30)
+    shas = [c.sha for c in rng.candidates]
+    flip = 17
+    path = tmp_path / "journal.jsonl"
+    confirm_started = threading.Event()
+    seen_while_running: list[bool] = []
+
+    def controls_in() -> bool:
+        return '"type": "controls"' in path.read_text()
+
+    class Faithful(Scripted):
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            # every lifetime under way when the controls end holds on until their entry is in
+            if not controls_in():
+                confirm_started.set()
+                deadline = time.monotonic() + 10
+                while not controls_in() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                seen_while_running.append(controls_in())
+            return super().evaluate(commit, lifetime_id, tags)
+
+    class Controls(_Controls):
+        def run(self) -> dict[str, Any]:
+            assert confirm_started.wait(20)  # they end while the first confirm lifetime runs
+            return super().run()
+
+    with Journal(path) as journal:
+        header = _header(rng)
+        header["recipe"]["probe"]["controls"] = True
+        journal.append(header)
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(
+            Faithful(shas, flip, 0.9, seed=4), 2, Controls(None, []),
+            narrow=Scripted(shas, flip, 1.0)), controls=True)
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
+    assert seen_while_running and all(seen_while_running), seen_while_running
