@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gitrepos import run_cli
-from markdown_it import MarkdownIt
+from mdtables import rows
 
 from bisect_tool import locate as locate_mod
 from bisect_tool import recipe as recipe_mod
@@ -28,20 +28,7 @@ def report_of(path: Path) -> str:
 
 
 def table(md: str, title: str) -> list[list[str]]:
-    part = md[md.index(f"### {title}"):]
-    out: list[list[str]] = []
-    body = False
-    for tok in MarkdownIt("commonmark").enable("table").parse(part):
-        if tok.type == "tbody_open":
-            body = True
-        elif tok.type == "tbody_close":
-            break
-        elif body and tok.type == "tr_open":
-            out.append([])
-        elif body and tok.type == "inline":
-            out[-1].append("".join(c.content for c in tok.children or []
-                                   if c.type in ("text", "code_inline")))
-    return out
+    return rows(md[md.index(f"### {title}"):])
 
 
 def test_a_decided_locate_names_its_cells_and_the_commit_level_bisect_next() -> None:

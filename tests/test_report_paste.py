@@ -15,6 +15,7 @@ from typing import Any
 
 from gitrepos import run_cli
 from markdown_it import MarkdownIt
+from mdtables import rows
 
 from bisect_tool import journal as journal_mod
 from bisect_tool.report import CAP, build_report, render_markdown, render_report, text_plot
@@ -37,23 +38,6 @@ def section(md: str, title: str) -> str:
     start = md.index(f"### {title}")
     end = md.find("\n### ", start + 1)
     return md[start: end if end > 0 else md.index("<details>")]
-
-
-def rows(md: str) -> list[list[str]]:
-    """Body rows of the first table in ``md``, each cell's text as a reader sees it."""
-    out: list[list[str]] = []
-    body = False
-    for tok in MarkdownIt("commonmark").enable("table").parse(md):
-        if tok.type == "tbody_open":
-            body = True
-        elif tok.type == "tbody_close":
-            break
-        elif body and tok.type == "tr_open":
-            out.append([])
-        elif body and tok.type == "inline":
-            out[-1].append("".join(c.content for c in tok.children or []
-                                   if c.type in ("text", "code_inline")))
-    return out
 
 
 def two_columns(md: str) -> dict[str, str]:

@@ -41,6 +41,18 @@ class _Given:
         return None
 
 
+def _server_evaluator(tmp_path: Path, backend: Any, probe: Any, pool: GpuPool,
+                      boot_lock: Any = None) -> Any:
+    """A server evaluator over ``backend`` whose lifetimes run ``probe``, on ``pool``'s GPUs."""
+    from bisect_tool.evaluate.server import server_evaluator
+    from bisect_tool.recipe import Recipe
+
+    evaluator = server_evaluator(Recipe("t"), _Given(), backend, session="s", log_dir=tmp_path,
+                                 tags={}, gpu_lease=pool.lease, boot_lock=boot_lock)
+    evaluator.probe_factory = lambda sequential: probe
+    return evaluator
+
+
 def test_same_schemas_and_extra_ops_are_compatible() -> None:
     extra = {**PINNED, "_C::new_op": "_C::new_op(Tensor x) -> Tensor"}
     assert compare_schemas(PINNED, extra) == []
@@ -147,9 +159,7 @@ def test_lifetimes_sharing_a_gpu_boot_one_at_a_time_and_probe_together(tmp_path:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from bisect_tool.evaluate.server import server_evaluator
     from bisect_tool.interfaces import ProbeResult, ServerHandle
-    from bisect_tool.recipe import Recipe
     from bisect_tool.values import Verdict
 
     pool = GpuPool(["0"], per_gpu=2)
@@ -178,11 +188,7 @@ def test_lifetimes_sharing_a_gpu_boot_one_at_a_time_and_probe_together(tmp_path:
             both_probing.wait()  # both lifetimes are up at once
             return ProbeResult(Verdict.CLEAN, {}, "clean")
 
-    evaluator = server_evaluator(
-        Recipe("t"), _Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
-        gpu_lease=pool.lease, boot_lock=pool.booting,
-    )
-    evaluator.probe_factory = lambda sequential: Probe()
+    evaluator = _server_evaluator(tmp_path, Backend(), Probe(), pool, pool.booting)
     with ThreadPoolExecutor(2) as threads:
         seen = list(threads.map(lambda lid: evaluator.evaluate("c" * 40, lid), ["a", "b"]))
     assert [o.verdict for o in seen] == [Verdict.CLEAN, Verdict.CLEAN]
@@ -199,11 +205,9 @@ def test_a_lifetime_that_waited_for_a_gpu_says_so_and_its_boot_leaves_the_wait_o
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from bisect_tool.evaluate.server import server_evaluator
     from bisect_tool.events import LifetimeEnded
     from bisect_tool.interfaces import ProbeResult, ServerHandle
     from bisect_tool.progress import describe
-    from bisect_tool.recipe import Recipe
     from bisect_tool.values import Verdict
 
     pool = GpuPool(["0"], per_gpu=1)
@@ -224,11 +228,7 @@ def test_a_lifetime_that_waited_for_a_gpu_says_so_and_its_boot_leaves_the_wait_o
                 time.sleep(1.5)  # the first lifetime holds the only GPU slot a while
             return ProbeResult(Verdict.CLEAN, {}, "clean")
 
-    evaluator = server_evaluator(
-        Recipe("t"), _Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
-        gpu_lease=pool.lease,
-    )
-    evaluator.probe_factory = lambda sequential: Probe()
+    evaluator = _server_evaluator(tmp_path, Backend(), Probe(), pool, None)
     with ThreadPoolExecutor(2) as threads:
         first = threads.submit(evaluator.evaluate, "c" * 40, "a")
         assert first_up.wait(10)
@@ -409,9 +409,7 @@ def test_a_teardown_waits_while_another_lifetime_on_its_gpu_boots(tmp_path: Path
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from bisect_tool.evaluate.server import server_evaluator
     from bisect_tool.interfaces import ProbeResult, ServerHandle
-    from bisect_tool.recipe import Recipe
     from bisect_tool.values import Verdict
 
     pool = GpuPool(["0"], per_gpu=2)
@@ -451,11 +449,7 @@ def test_a_teardown_waits_while_another_lifetime_on_its_gpu_boots(tmp_path: Path
                 threading.Timer(0.2, a_wants_down.set).start()
             return ProbeResult(Verdict.CLEAN, {}, "clean")
 
-    evaluator = server_evaluator(
-        Recipe("t"), _Given(), Backend(), session="s", log_dir=tmp_path, tags={},  # type: ignore[arg-type]
-        gpu_lease=pool.lease, boot_lock=pool.booting,
-    )
-    evaluator.probe_factory = lambda sequential: Probe()
+    evaluator = _server_evaluator(tmp_path, Backend(), Probe(), pool, pool.booting)
     with ThreadPoolExecutor(2) as threads:
         first = threads.submit(evaluator.evaluate, "c" * 40, "a")
         assert a_up.wait(10)

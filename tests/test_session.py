@@ -265,60 +265,6 @@ def test_sigterm_stops_the_run_and_tears_the_lifetime_down(tmp_path: Path, repo:
     assert s["state"] == "running" and s["evaluations"] == 0
 
 
-def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
-    tmp_path: Path,
-) -> None:
-    """Several GPUs: the loop hands out several candidates at once (parallel=3)."""
-    import threading
-
-    from bisect_tool import session
-    from bisect_tool.journal import Journal, read
-    from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Evaluators, bisect_loop
-    from bisect_tool.values import Direction, Observation, Verdict
-
-    shas = [f"{i:040x}" for i in range(1, 41)]
-    flip = 23  # regression: positions >= 23 are bad, deterministically
-    rng = CommitRange(
-        "good",
-        "bad",
-        shas[0],
-        shas[-1],
-        Direction.REGRESSION,
-        tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)),
-    )
-    running, peak, lock = [0], [0], threading.Lock()
-
-    class Scripted:
-        def prepare(self, commits: object) -> None:
-            return None
-
-        def cancel(self) -> int:
-            return 0
-
-        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
-            with lock:
-                running[0] += 1
-                peak[0] = max(peak[0], running[0])
-            import time
-
-            time.sleep(0.02)
-            with lock:
-                running[0] -= 1
-            bad = shas.index(commit) >= flip
-            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
-
-    path = tmp_path / "journal.jsonl"
-    with Journal(path) as journal:
-        journal.append(session.header_for(rng))
-        state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(Scripted(), parallel=3))
-    assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
-    ids = [o["lifetime_id"] for o in read(path).observations]
-    assert len(ids) == len(set(ids))
-    assert peak[0] == 3  # the slots were used at once
-
-
 class _LoopProbe:
     """An evaluator for ``bisect_loop`` tests: nothing to prepare, nothing to cancel."""
 
@@ -371,6 +317,38 @@ def _run_loop(path: Path, rng: CommitRange, probe: Evaluator, parallel: int,
         return bisect_loop(journal, state, evaluators, controls=controls is not None)
 
 
+def test_loop_with_several_slots_journals_each_lifetime_once_and_finds_the_flip(
+    tmp_path: Path,
+) -> None:
+    """Several GPUs: the loop hands out several candidates at once (parallel=3)."""
+    import threading
+
+    from bisect_tool.journal import read
+    from bisect_tool.values import Observation, Verdict
+
+    shas, rng = _loop_range(40)
+    flip = 23  # regression: positions >= 23 are bad, deterministically
+    running, peak, lock = [0], [0], threading.Lock()
+
+    class Scripted(_LoopProbe):
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.02)
+            with lock:
+                running[0] -= 1
+            bad = shas.index(commit) >= flip
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    path = tmp_path / "journal.jsonl"
+    summary = _run_loop(path, rng, Scripted(), 3)
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
+    ids = [o["lifetime_id"] for o in read(path).observations]
+    assert len(ids) == len(set(ids))
+    assert peak[0] == 3  # the slots were used at once
+
+
 def test_a_slot_that_comes_back_is_refilled_while_the_other_still_runs(tmp_path: Path) -> None:
     """Two slots: when one lifetime ends, the next one starts at once, not once its pair ends
     (on the H100 a slot stood idle 188 s beside the controls once the gate had refused its
@@ -420,16 +398,11 @@ def test_lifetimes_that_end_after_a_sigterm_are_journaled(
     import threading
 
     from bisect_tool import engine as engine_mod
-    from bisect_tool import session
-    from bisect_tool.journal import Journal, read
-    from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.journal import read
     from bisect_tool.runtime.common import sigterm_raises
-    from bisect_tool.values import Direction, Observation, Verdict
+    from bisect_tool.values import Observation, Verdict
 
-    shas = [f"{i:040x}" for i in range(1, 21)]
-    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
-                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    _, rng = _loop_range(20)
     waiting = threading.Event()
 
     def as_completed(futures: object) -> object:
@@ -438,12 +411,7 @@ def test_lifetimes_that_end_after_a_sigterm_are_journaled(
 
     monkeypatch.setattr(engine_mod, "as_completed", as_completed)
 
-    class DeadlineMidLifetime:
-        def prepare(self, commits: object) -> None:
-            return None
-
-        def cancel(self) -> int:
-            return 0  # nothing can stop them: each ends as it would have
+    class DeadlineMidLifetime(_LoopProbe):  # nothing can stop them: each ends as it would have
 
         def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
             assert waiting.wait(30)  # the loop waits for the slots
@@ -453,11 +421,8 @@ def test_lifetimes_that_end_after_a_sigterm_are_journaled(
             return Observation(commit, Verdict.DIVERGENT, lifetime_id)
 
     path = tmp_path / "journal.jsonl"
-    with Journal(path) as journal:
-        journal.append(session.header_for(rng))
-        state = session.replay(read(path))
-        with pytest.raises(AbortError, match="SIGTERM"), sigterm_raises():
-            bisect_loop(journal, state, Evaluators(DeadlineMidLifetime(), parallel=3))
+    with pytest.raises(AbortError, match="SIGTERM"), sigterm_raises():
+        _run_loop(path, rng, DeadlineMidLifetime(), 3)
     seen = read(path).observations
     assert len(seen) == 3 and {o["verdict"] for o in seen} == {"divergent"}
     assert len({o["lifetime_id"] for o in seen}) == 3
@@ -468,25 +433,14 @@ def test_with_two_slots_the_first_lifetime_runs_beside_the_controls(tmp_path: Pa
     lifetime runs while the controls do (they meet at a barrier), and the answer stands."""
     import threading
 
-    from bisect_tool import session
-    from bisect_tool.journal import Journal, read
-    from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Evaluators, bisect_loop
-    from bisect_tool.values import Direction, Observation, Verdict
+    from bisect_tool.journal import read
+    from bisect_tool.values import Observation, Verdict
 
-    shas = [f"{i:040x}" for i in range(1, 21)]
-    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
-                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    shas, rng = _loop_range(20)
     together = threading.Barrier(2, timeout=30)
     met: list[str] = []
 
-    class Scripted:
-        def prepare(self, commits: object) -> None:
-            return None
-
-        def cancel(self) -> int:
-            return 0
-
+    class Scripted(_LoopProbe):
         def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
             if not met:
                 together.wait()
@@ -498,12 +452,7 @@ def test_with_two_slots_the_first_lifetime_runs_beside_the_controls(tmp_path: Pa
         ready = staticmethod(lambda: together.wait() >= 0)
 
     path = tmp_path / "journal.jsonl"
-    with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe={"probe": {"controls": True}},
-                                          mode="recipe"))
-        state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(Scripted(), 2, Controls),
-                              controls=True)
+    summary = _run_loop(path, rng, Scripted(), 2, Controls)
     assert met and summary["state"] == "done" and summary["flip_commit"] == shas[12]
     kinds = [e["type"] for e in read(path).entries]
     assert "controls" in kinds[:3]  # journaled with the first lifetimes, before the rest
@@ -554,24 +503,13 @@ def test_controls_the_good_end_cannot_run_move_to_the_nearest_testable_candidate
     """Issue 30 (the GPU case, 0.22.0's extension under 0.26.0's Python): the good end's
     controls are refused by the gate, say so, and run on the next candidate toward the bad end;
     the good end is untestable for lifetimes and the answer still comes."""
-    from bisect_tool import session
-    from bisect_tool.journal import Journal, read
-    from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.run import Evaluators, bisect_loop
-    from bisect_tool.values import Direction, Observation, Verdict
+    from bisect_tool.journal import read
+    from bisect_tool.values import Observation, Verdict
 
-    shas = [f"{i:040x}" for i in range(1, 21)]
-    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
-                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    shas, rng = _loop_range(20)
     ran: list[str] = []
 
-    class Scripted:
-        def prepare(self, commits: object) -> None:
-            return None
-
-        def cancel(self) -> int:
-            return 0
-
+    class Scripted(_LoopProbe):
         def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
             assert commit != shas[0], "the refused good end booted a lifetime"
             bad = shas.index(commit) >= 12
@@ -592,12 +530,7 @@ def test_controls_the_good_end_cannot_run_move_to_the_nearest_testable_candidate
                     "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
 
     path = tmp_path / "journal.jsonl"
-    with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe={"probe": {"controls": True}},
-                                          mode="recipe"))
-        state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(Scripted(), 1, Controls),
-                              controls=True)
+    summary = _run_loop(path, rng, Scripted(), 1, Controls)
     assert ran == [shas[0], shas[1]]
     assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
     refused = read(path).of_type("controls")[0]

@@ -74,12 +74,19 @@ class Scripted:
 
 
 def _run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any,
-         parallel: int = 1, **search: Any) -> tuple[dict[str, Any], Path]:
+         parallel: int = 1, controls: Any = None, **search: Any) -> tuple[dict[str, Any], Path]:
+    """The tiered bisect over ``rng``; with ``controls``, the recipe asks for them too."""
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
-        journal.append(_header(rng, **search))
+        header = _header(rng, **search)
+        if controls is not None:
+            header["recipe"]["probe"]["controls"] = True
+            evaluators = Evaluators(faithful, parallel, controls, narrow=narrow)
+        else:
+            evaluators = Evaluators(faithful, parallel, narrow=narrow)
+        journal.append(header)
         state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(faithful, parallel, narrow=narrow))
+        summary = bisect_loop(journal, state, evaluators, controls=controls is not None)
     return summary, path
 
 
@@ -480,14 +487,7 @@ def test_the_controls_run_beside_the_fast_probe_once_it_has_checked_both_ends(
     ran: list[str] = []
     narrow = Narrow(shas, flip, 1.0)
     faithful = Scripted(shas, flip, 0.8, seed=2)
-    path = tmp_path / "journal.jsonl"
-    with Journal(path) as journal:
-        header = _header(rng)
-        header["recipe"]["probe"]["controls"] = True
-        journal.append(header)
-        state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(
-            faithful, 1, _Controls(together, ran), narrow=narrow), controls=True)
+    summary, path = _run(tmp_path, rng, narrow, faithful, 1, _Controls(together, ran))
     assert met and summary["state"] == "done" and summary["flip_commit"] == shas[flip]
     assert ran == [rng.good]
     kinds = [e["type"] for e in read(path).entries]
@@ -547,13 +547,7 @@ def test_the_controls_are_journaled_as_they_end_beside_a_running_lifetime(
             assert confirm_started.wait(20)  # they end while the first confirm lifetime runs
             return super().run()
 
-    with Journal(path) as journal:
-        header = _header(rng)
-        header["recipe"]["probe"]["controls"] = True
-        journal.append(header)
-        state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(
-            Faithful(shas, flip, 0.9, seed=4), 2, Controls(None, []),
-            narrow=Scripted(shas, flip, 1.0)), controls=True)
+    summary, _ = _run(tmp_path, rng, Scripted(shas, flip, 1.0), Faithful(shas, flip, 0.9, seed=4),
+                      2, Controls(None, []))
     assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
     assert seen_while_running and all(seen_while_running), seen_while_running

@@ -58,7 +58,6 @@ class ServerEvaluator(_ArtifactEvaluator):
         self.log_dir = log_dir
         self.gpu_lease = gpu_lease
         self._gated: set[str] = set()
-        self._gpu_wait: dict[str, float] = {}  # seconds each lifetime waited for a GPU lease
 
     def gate(self, swap: SwapSet) -> None:
         """Raise ``IncompatibleExtension`` when the pinned stack cannot load ``swap`` (asked
@@ -83,8 +82,11 @@ class ServerEvaluator(_ArtifactEvaluator):
         return observed(commit, lifetime_id, result, detail, started)
 
     def boot(
-        self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str]
+        self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str],
+        timing: dict[str, float] | None = None,
     ) -> AbstractContextManager[ServerHandle]:
+        """One server lifetime on a leased GPU; ``timing["gpu_wait_s"]``: how long it waited
+        for that lease."""
         @contextmanager
         def _boot() -> Iterator[ServerHandle]:
             asked = time.monotonic()
@@ -92,7 +94,8 @@ class ServerEvaluator(_ArtifactEvaluator):
                 # waiting for a GPU is no part of the lifetime: on the H100 a lifetime said
                 # "clean in 148 s" of which 91 s were the controls' server holding the lease
                 # (docs/bench/gpu-2026-12-07-h100)
-                self._gpu_wait[lifetime_id] = time.monotonic() - asked
+                if timing is not None:
+                    timing["gpu_wait_s"] = time.monotonic() - asked
                 spec = LifetimeSpec(self.session, lifetime_id, swap, gpu, env, self.log_dir)
                 # One server boots on a GPU at a time (until /health), even where several
                 # share it: two vLLM servers profiling one GPU at once each count the other's
@@ -117,14 +120,15 @@ class ServerEvaluator(_ArtifactEvaluator):
         self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str], *, sequential: bool
     ) -> ProbeResult:
         started = time.monotonic()
-        with self.boot(swap, lifetime_id, env) as server:
+        waits: dict[str, float] = {}
+        with self.boot(swap, lifetime_id, env, waits) as server:
             booted = time.monotonic()
             probe = self.probe_factory(sequential)
             is_alive = getattr(server, "is_alive", None)
             result = probe.run(server, is_alive)
             probed = time.monotonic()
             tail = server.log_tail(30)
-        waited = self._gpu_wait.pop(lifetime_id, 0.0)
+        waited = waits.get("gpu_wait_s", 0.0)
         detail = {
             **result.detail,
             "log_tail": tail,
