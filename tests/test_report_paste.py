@@ -392,6 +392,12 @@ def test_messages_shown_name_no_folder_of_the_machine_that_ran() -> None:
     assert no_local_paths("no local path /home/me/y.so; 404 https://wheels.vllm.ai/abc/") \
         == "no local path y.so; 404 https://wheels.vllm.ai/abc/"
     assert no_local_paths("16/16 rows, h4096") == "16/16 rows, h4096"
+    # a CI runner's checkout sits wherever its runner puts it (CI's stop 35 ran under a folder
+    # the old list of prefixes did not name, and its report printed the whole path)
+    assert no_local_paths("3.11.7 (the tool's own, /builds/ci-7/main/.venv/bin/python)") \
+        == "3.11.7 (the tool's own, python)"
+    route = '"POST /v1/completions HTTP/1.1" 200'
+    assert no_local_paths(route) == route
 
 
 def test_status_and_log_spell_releases_as_the_report_does(tmp_path: Path) -> None:

@@ -135,9 +135,10 @@ def rename(text: str, commits: Sequence[Mapping[str, Any]]) -> str:
     return text
 
 
-_ABSOLUTE = re.compile(
-    r"(?<![\w.~:/])/(?:tmp|home|root|work|opt|usr|var|mnt|data|srv|scratch|Users|private)"
-    r"(?:/[^\s:;,'\"()\[\]]*)+")
+# Any absolute path of two parts or more, wherever the machine keeps it (a CI runner's checkout
+# sits under folders no list of prefixes foresees), except an HTTP route such as /v1/completions.
+_PART = r"[^\s:;,'\"()\[\]/]+"
+_ABSOLUTE = re.compile(rf"(?<![\w.~:/])/(?!v\d+/){_PART}(?:/{_PART})+/?")
 
 
 def no_local_paths(text: str) -> str:
