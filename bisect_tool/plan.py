@@ -114,6 +114,8 @@ def simulate(
     controls = 0
     if probe.get("kind", ProbeKind.SERVER) == ProbeKind.SERVER and probe.get("controls", True):
         controls = 1
+    # the controls' lifetime shares the lifetimes' slots, unless it has one of its own
+    shared_controls = 0 if (recipe.get("runtime") or {}).get("controls_own_slot") else controls
     first_tier = Tier.NARROW if probe.get("narrow") else Tier.FAITHFUL
     k = lookahead.depth(
         int((recipe.get("artifacts") or {}).get("prefetch", lookahead.CHOSEN_BY_RUN)),
@@ -132,7 +134,7 @@ def simulate(
         downloads=float(np.mean([len(f & downloads_at) for f in fresh])),
         # lifetimes run ``slots`` at a time; op runs and new candidates one after another
         wall_s=float(np.mean([
-            (r[0] + (r[1] + controls) / slots) * cost_lifetime + len(f) * cost_new
+            (r[0] + (r[1] + shared_controls) / slots) * cost_lifetime + len(f) * cost_new
             for r, f in zip(rows, fresh, strict=True)
         ])),
         right=float(np.mean([r[3] for r in rows])),

@@ -86,6 +86,11 @@ class RuntimeSettings:
     # time unless server_args fix the KV cache's size (--kv-cache-memory-bytes), which spares
     # vLLM its free-memory profile (bisect_tool/runtime/gpus.py)
     lifetimes_per_gpu: int = 1
+    # the controls' server on a GPU slot of its own, beside the lifetimes' slots (on the first
+    # GPU), so the confirm step keeps all of them: on the H100 the controls held one of two
+    # slots for 259 s and the lifetimes ran one at a time (docs/bench/gpu-2026-12-07-h100).
+    # That GPU then holds one server more: give each its share (--kv-cache-memory-bytes)
+    controls_own_slot: bool = False
     shm_size: str = "8g"
     # docker: how a container gets its GPU: "toolkit" (a device request; needs the NVIDIA
     # container toolkit), "devices" (the /dev/nvidia* nodes and the driver libraries found on

@@ -23,7 +23,7 @@ from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
 from bisect_tool.events import Observer, ignore, notes_to
 from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
-from bisect_tool.recipe import Recipe
+from bisect_tool.recipe import Recipe, RuntimeSettings
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.tiers import Tier
 from bisect_tool.values import ProbeKind
@@ -113,7 +113,7 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
     backend = make_backend(runtime, session=w.session, log_dir=w.log_dir)
     try:
         backend.cleanup_stale(w.session)
-        pool = w.pool or GpuPool(runtime.gpus, per_gpu=runtime.lifetimes_per_gpu)
+        pool = w.pool or gpu_pool(runtime)
         turns = pool.booting if profiles_free_memory(runtime.server_args) else None
         evaluator = server_evaluator(
             w.recipe, w.provider, backend, session=w.session, log_dir=w.log_dir, tags=w.tags,
@@ -121,7 +121,8 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         )
 
         def controls_for(commit: str) -> ControlsRunner:
-            return controls_runner(w.recipe.probe, evaluator, commit, w.tags)
+            return controls_runner(w.recipe.probe, evaluator, commit, w.tags,
+                                   gpu_lease=pool.controls_lease)
 
         # The fast stand-in runs on the same artifacts (one cache). It also asks the gate
         # whether the faithful tier could run each candidate, so the confirm step never picks
@@ -130,6 +131,13 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         yield Evaluators(evaluator, pool.size, controls_for, narrow)
     finally:
         backend.close()
+
+
+def gpu_pool(runtime: RuntimeSettings) -> GpuPool:
+    """The GPU slots a run's servers lease: ``lifetimes_per_gpu`` on each GPU, and one more for
+    the controls where ``controls_own_slot`` asks for it."""
+    return GpuPool(runtime.gpus, per_gpu=runtime.lifetimes_per_gpu,
+                   controls_slot=runtime.controls_own_slot)
 
 
 @contextmanager
@@ -256,7 +264,7 @@ def open_sides(
     """One set of evaluators per named recipe (``bisect locate``: one per Python side), sharing
     ``provider`` and one GPU pool; and how many lifetimes may run at once over them all."""
     first = next(iter(recipes.values()))
-    pool = GpuPool(first.runtime.gpus, per_gpu=first.runtime.lifetimes_per_gpu)
+    pool = gpu_pool(first.runtime)
     with contextlib.ExitStack() as stack:
         sides = {
             name: stack.enter_context(PROBES[probe_kind(recipe)](

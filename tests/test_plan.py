@@ -291,3 +291,22 @@ def test_plan_of_a_release_bisect_names_each_release_wheel_and_downloads_none(
     assert not [p for p in demollm_index.gets if p.endswith(".whl")]  # nothing downloaded
     assert not (tmp_path / "state").exists()
     assert plan["expected"]["downloads"] > 0 and plan["expected"]["builds"] == 0
+
+
+def test_the_plan_counts_the_controls_off_the_lifetimes_slots_where_they_have_their_own() -> None:
+    """The H100 record's header, planned on two slots: with ``controls_own_slot`` the controls'
+    lifetime leaves the lifetimes' slots alone, so the expected wall time drops by half a
+    lifetime (and nothing else changes)."""
+    import copy
+
+    from bisect_tool.plan import simulate
+
+    record = Path(__file__).parents[1] / "docs/bench/gpu-2026-12-07-h100/journal-tiered.jsonl"
+    header = journal_mod.read(record).header
+    own = copy.deepcopy(dict(header))
+    own["recipe"]["runtime"]["controls_own_slot"] = True
+    shared = simulate(header, p=0.75, q=0.0, trials=16, slots=2)
+    apart = simulate(own, p=0.75, q=0.0, trials=16, slots=2)
+    assert (shared.lifetimes, shared.controls) == (apart.lifetimes, apart.controls)
+    cost = float(header["recipe"]["search"]["cost_lifetime"])
+    assert shared.wall_s - apart.wall_s == pytest.approx(cost / 2)

@@ -195,6 +195,74 @@ def test_lifetimes_sharing_a_gpu_boot_one_at_a_time_and_probe_together(tmp_path:
     assert peak[0] == 1
 
 
+def test_the_controls_own_slot_is_free_while_every_lifetime_slot_is_held() -> None:
+    pool = GpuPool(["0"], per_gpu=2, controls_slot=True)
+    assert pool.size == 2  # the lifetimes' slots: the controls' is not one of them
+    with pool.lease() as a, pool.lease() as b:
+        assert (a, b) == ("0", "0")
+        with pool.controls_lease(timeout=0.01) as controls:
+            assert controls == "0"
+            with pytest.raises(TimeoutError), pool.controls_lease(timeout=0.01):
+                pass  # one server for the controls, not one per ask
+    shared = GpuPool(["0"], per_gpu=2)
+    with shared.lease(), shared.lease(), pytest.raises(TimeoutError), \
+            shared.controls_lease(timeout=0.01):
+        pass  # without it the controls wait for a lifetime's slot, as before
+
+
+def test_with_controls_own_slot_the_controls_run_beside_two_lifetimes_on_one_gpu(
+    tmp_path: Path,
+) -> None:
+    """[runtime] controls_own_slot = true: the controls' server probes while both lifetimes'
+    servers do, the three on the one GPU (on the H100 the controls held one of the two
+    lifetimes' slots for 259 s, and the confirm step ran one lifetime at a time)."""
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bisect_tool.evaluate.server import controls_runner
+    from bisect_tool.interfaces import ProbeResult, ServerHandle
+    from bisect_tool.recipe import ProbeSettings, from_dict
+    from bisect_tool.values import Verdict
+    from bisect_tool.wiring import gpu_pool
+
+    recipe = from_dict({"name": "r", "runtime": {"gpus": ["0"], "lifetimes_per_gpu": 2,
+                                                 "controls_own_slot": True}})
+    pool = gpu_pool(recipe.runtime)
+    three_probing = threading.Barrier(3, timeout=10)  # passes only if all three are up at once
+    on: list[str | None] = []
+
+    class Backend:
+        @contextlib.contextmanager
+        def lifetime(self, spec: LifetimeSpec) -> Any:
+            on.append(spec.gpu)
+            yield ServerHandle("http://127.0.0.1:1", "x", tmp_path / "log")
+
+        def check_compatible(self, swap: SwapSet) -> None:
+            return None
+
+    class Probe:
+        def __init__(self, sequential: bool) -> None:
+            self.sequential = sequential
+
+        def run(self, server: ServerHandle, is_alive: object = None) -> ProbeResult:
+            if self.sequential:  # the negative control, once the three have met
+                return ProbeResult(Verdict.CLEAN, {}, "clean")
+            three_probing.wait()
+            return ProbeResult(Verdict.DIVERGENT, {}, "divergent")
+
+    evaluator = _server_evaluator(tmp_path, Backend(), None, pool, pool.booting)
+    evaluator.probe_factory = Probe
+    runner = controls_runner(ProbeSettings(), evaluator, "c" * 40, {},
+                             gpu_lease=pool.controls_lease)
+    with ThreadPoolExecutor(3) as threads:
+        lifetimes = [threads.submit(evaluator.evaluate, "d" * 40, lid) for lid in ("a", "b")]
+        controls = threads.submit(runner.run).result(timeout=30)
+        seen = [f.result(timeout=30) for f in lifetimes]
+    assert [o.verdict for o in seen] == [Verdict.DIVERGENT, Verdict.DIVERGENT]
+    assert controls["ok"] and controls["attempts"] == 1
+    assert on == ["0", "0", "0"]
+
+
 def test_a_lifetime_that_waited_for_a_gpu_says_so_and_its_boot_leaves_the_wait_out(
     tmp_path: Path,
 ) -> None:

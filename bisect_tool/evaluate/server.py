@@ -84,13 +84,16 @@ class ServerEvaluator(_ArtifactEvaluator):
     def boot(
         self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str],
         timing: dict[str, float] | None = None,
+        gpu_lease: Callable[[], AbstractContextManager[str | None]] | None = None,
     ) -> AbstractContextManager[ServerHandle]:
-        """One server lifetime on a leased GPU; ``timing["gpu_wait_s"]``: how long it waited
-        for that lease."""
+        """One server lifetime on a leased GPU (``gpu_lease``: another pool's, such as the
+        controls' own slot); ``timing["gpu_wait_s"]``: how long it waited for that lease."""
+        lease = gpu_lease or self.gpu_lease
+
         @contextmanager
         def _boot() -> Iterator[ServerHandle]:
             asked = time.monotonic()
-            with self.gpu_lease() as gpu, contextlib.ExitStack() as running:
+            with lease() as gpu, contextlib.ExitStack() as running:
                 # waiting for a GPU is no part of the lifetime: on the H100 a lifetime said
                 # "clean in 148 s" of which 91 s were the controls' server holding the lease
                 # (docs/bench/gpu-2026-12-07-h100)
@@ -153,12 +156,15 @@ class ControlsRunner:
         invariance_env: str,
         tags: Mapping[str, Sequence[str]],
         attempts: int = 3,
+        gpu_lease: Callable[[], AbstractContextManager[str | None]] | None = None,
     ) -> None:
         self.evaluator = evaluator
         self.commit = commit
         self.invariance_env = invariance_env
         self.tags = tags
         self.attempts = attempts
+        # None: a lifetime's slot, as the lifetimes lease them
+        self.gpu_lease = gpu_lease
 
     def run(self) -> dict[str, Any]:
         """Up to ``attempts`` lifetimes until the positive control diverges (it may be
@@ -187,7 +193,7 @@ class ControlsRunner:
             def boot(
                 env: Mapping[str, str], lid: str = lid
             ) -> AbstractContextManager[ServerHandle]:
-                return self.evaluator.boot(swap, lid, env)
+                return self.evaluator.boot(swap, lid, env, gpu_lease=self.gpu_lease)
 
             result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env)
             if result.positive_ok or result.could_not_run:
@@ -241,9 +247,12 @@ def server_evaluator(
 
 
 def controls_runner(
-    probe: ProbeSettings, evaluator: Any, commit: str, tags: Mapping[str, Sequence[str]]
+    probe: ProbeSettings, evaluator: Any, commit: str, tags: Mapping[str, Sequence[str]],
+    gpu_lease: Callable[[], AbstractContextManager[str | None]] | None = None,
 ) -> ControlsRunner:
-    """The positive and negative controls on ``commit``, as the recipe asks for them."""
+    """The positive and negative controls on ``commit``, as the recipe asks for them, on
+    ``gpu_lease``'s slots (None: the lifetimes')."""
     return ControlsRunner(
-        evaluator, commit, probe.invariance_env, tags, attempts=probe.control_attempts
+        evaluator, commit, probe.invariance_env, tags, attempts=probe.control_attempts,
+        gpu_lease=gpu_lease,
     )

@@ -7,7 +7,8 @@ boot (or be torn down) at a time, so the next lifetime's boot overlaps this one'
 its memory profiling. A server told its KV cache size (vLLM's ``--kv-cache-memory-bytes``)
 profiles no free memory, so its boots need no turn (``profiles_free_memory``). With no GPUs
 (CPU targets such as the demo engine) the pool hands out anonymous slots (``None``) to bound
-concurrency instead.
+concurrency instead. ``controls_slot`` keeps one slot more, for the controls' server alone
+(``controls_lease``), so the controls never take a lifetime's slot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 
 from bisect_tool.errors import UsageError
 
@@ -23,7 +25,8 @@ from bisect_tool.errors import UsageError
 class GpuPool:
     """Thread-safe: ``with pool.lease() as gpu:`` blocks until a device (or slot) is free."""
 
-    def __init__(self, gpus: Sequence[str] = (), *, slots: int = 1, per_gpu: int = 1) -> None:
+    def __init__(self, gpus: Sequence[str] = (), *, slots: int = 1, per_gpu: int = 1,
+                 controls_slot: bool = False) -> None:
         ids = [str(g).strip() for g in gpus]
         if any(not g for g in ids):
             raise UsageError("empty GPU id in the GPU list; give ids like 0,1")
@@ -42,6 +45,11 @@ class GpuPool:
         for item in self._items:
             self._free.put(item)
         self._boots = {g: threading.Lock() for g in ids}
+        # the controls' own slot, on the first GPU (its boots take that GPU's turns too)
+        self._controls: queue.Queue[str | None] | None = None
+        if controls_slot:
+            self._controls = queue.Queue()
+            self._controls.put(ids[0] if ids else None)
 
     @property
     def size(self) -> int:
@@ -55,14 +63,14 @@ class GpuPool:
     @contextlib.contextmanager
     def lease(self, timeout: float | None = None) -> Iterator[str | None]:
         """A free GPU id (``None`` for an anonymous slot), given back on exit even on error."""
-        try:
-            item = self._free.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"no GPU free within {timeout} s") from None
-        try:
+        with _taken(self._free, timeout) as item:
             yield item
-        finally:
-            self._free.put(item)
+
+    def controls_lease(self, timeout: float | None = None) -> AbstractContextManager[str | None]:
+        """The controls' slot where the pool keeps one (``controls_slot``), else a lifetime's."""
+        if self._controls is None:
+            return self.lease(timeout)
+        return _taken(self._controls, timeout)
 
     @contextlib.contextmanager
     def booting(self, gpu: str | None) -> Iterator[None]:
@@ -74,6 +82,18 @@ class GpuPool:
             return
         with lock:
             yield
+
+
+@contextlib.contextmanager
+def _taken(free: queue.Queue[str | None], timeout: float | None) -> Iterator[str | None]:
+    try:
+        item = free.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"no GPU free within {timeout} s") from None
+    try:
+        yield item
+    finally:
+        free.put(item)
 
 
 #: vLLM's flag that fixes the KV cache's size: its worker then skips the free-memory profile

@@ -104,11 +104,14 @@ recipe() {  # the bundled recipe completed for this machine
   # PER_GPU lifetimes at once on the GPU. Servers profiling one GPU at once each count the
   # other's memory as their own ("Available KV cache memory: -0.67 GiB", docs/h200/releases):
   # with more than one, each is told its KV cache size (--kv-cache-memory-bytes: no profile)
-  local share=""
+  local share="" OWN_SLOT=false
   if [ "$PER_GPU" -gt 1 ]; then
+    # and the controls' server gets a slot of its own beside them (three servers of ~4 GiB
+    # on the card), so the confirm step keeps both lifetimes' slots
+    OWN_SLOT=true
     share='\n  "--gpu-memory-utilization", "0.3",\n  "--kv-cache-memory-bytes", "3221225472",'
   fi
-  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $PER_GPU${gate:+\\n$gate}|" \
+  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $PER_GPU\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
       -e "s|^  \"--skip-tokenizer-init\",|  \"--skip-tokenizer-init\",$share|" \
       -e "s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
       -e "s|^weights = \"random:models/qwen3-0.6b\"|weights = \"random:$PWD/bisect_tool/recipes/models/qwen3-0.6b\"|" \
