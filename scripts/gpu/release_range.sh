@@ -34,7 +34,8 @@
 # GATE_OPS (unset: the full gate; a space-separated op list limits it, as release_proof's locate),
 # RELEASES_ONLY (a space-separated subset of the ten, for a shorter range), PER_GPU (2: lifetimes
 # sharing the GPU; each server is then told its KV cache size, 3 GiB, the
-# seed's 27,744 tokens, so it skips vLLM's free-memory profile and boots beside the other).
+# seed's 27,744 tokens, so it skips vLLM's free-memory profile and boots beside the other; and
+# the controls' server gets a slot of its own beside them: [runtime] controls_own_slot).
 set -euo pipefail
 DEV=${DEV:-/tmp/dev}
 CARRY=${CARRY:-.devcarry}
