@@ -1,6 +1,6 @@
 """Several lifetimes at once: a slot refilled as soon as its lifetime ends, against whole batches.
 
-    python bench/slots.py [--seeds 24] [--scale 0.002] [--slots 2]
+    python bench/slots.py [--seeds 24] [--scale 0.002] [--slots 2] [--controls-only]
 
 On the lent H100 (docs/bench/gpu-2026-12-07-h100, the --no-narrow run) the first batch was the
 controls and the bad end's first lifetime: the gate refused that release in 11 s, and the
@@ -15,6 +15,12 @@ of 60 commits. No controls: what it measures is lifetimes of unequal length.
 
 Prints time to answer, lifetimes and right answers per mode, and the ratio batches / refill
 measured in the same run (a ratio, not a timed test: the machine's load moves both sides).
+
+Then the controls (``[runtime] controls_own_slot``): the tiered run again, with the controls in
+the background as the engine starts them, holding a GPU lease for as long as the H100's did
+(223 s from their start to their server's end), once on one of the lifetimes' slots (the
+record's setup) and once on a slot of their own. Lifetimes and controls lease the real
+``GpuPool`` (``wiring.gpu_pool``); the engine waits for the controls before it ends, as it does.
 """
 
 from __future__ import annotations
@@ -32,15 +38,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bisect_tool import session  # noqa: E402
+from bisect_tool import entries, session  # noqa: E402
 from bisect_tool.designs import Item, Work  # noqa: E402
 from bisect_tool.designs.bisect import BisectDesign  # noqa: E402
 from bisect_tool.engine import Engine  # noqa: E402
 from bisect_tool.journal import Journal, read  # noqa: E402
 from bisect_tool.range import Candidate, CommitRange  # noqa: E402
-from bisect_tool.recipe import Recipe  # noqa: E402
+from bisect_tool.recipe import Recipe, RuntimeSettings  # noqa: E402
+from bisect_tool.runtime.gpus import GpuPool  # noqa: E402
 from bisect_tool.values import Direction, Observation, Verdict  # noqa: E402
-from bisect_tool.wiring import Evaluators  # noqa: E402
+from bisect_tool.wiring import Evaluators, gpu_pool  # noqa: E402
 
 #: the H100 record's server lifetimes once they had a GPU, seconds (docs/bench/gpu-2026-12-07-h100:
 #: tiered, then no-narrow; two at a time; the seconds spent waiting for the GPU slot the
@@ -48,6 +55,10 @@ from bisect_tool.wiring import Evaluators  # noqa: E402
 H100_LIFETIMES_S = (91.8, 56.2, 51.0, 44.3, 47.7, 49.3, 78.4, 80.5, 71.3, 72.9, 68.2, 71.4,
                     83.2, 89.1, 78.8, 80.6, 59.7, 65.3, 61.1, 61.3)
 OP_RUN_S = 8.0  # an op check run on that card: 7.3-11.8 s
+#: the H100 record's controls, from their start (17 s) to their server's end (240 s): the boot
+#: beside the first lifetime's (99 s), the positive control (5 s), the negative one's 155
+#: requests one at a time (119 s)
+H100_CONTROLS_S = 223.0
 
 
 class Batches(BisectDesign):
@@ -85,6 +96,30 @@ class Simulated:
                            duration_s=length)
 
 
+class Leased(Simulated):
+    """A lifetime that holds one of ``pool``'s GPU slots while it runs."""
+
+    def __init__(self, pool: GpuPool, *args: Any) -> None:
+        super().__init__(*args)
+        self.pool = pool
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+        with self.pool.lease():
+            return super().evaluate(commit, lifetime_id, tags)
+
+
+class HeldControls:
+    """The controls on ``commit``: they pass, holding the controls' lease for ``seconds``."""
+
+    def __init__(self, pool: GpuPool, commit: str, seconds: float) -> None:
+        self.pool, self.commit, self.seconds = pool, commit, seconds
+
+    def run(self) -> dict[str, Any]:
+        with self.pool.controls_lease():
+            time.sleep(self.seconds)
+        return dict(entries.controls(self.commit, True, "", {}, attempts=1))
+
+
 def _range(n: int) -> CommitRange:
     shas = [f"{i:040x}" for i in range(1, n + 1)]
     return CommitRange("good", "bad", shas[-1], shas[0], Direction.FIX,
@@ -119,17 +154,76 @@ def one_run(folder: Path, n: int, tiered: bool, design_class: type[BisectDesign]
     }
 
 
+def controls_run(folder: Path, own_slot: bool, seed: int, scale: float,
+                 slots: int) -> dict[str, Any]:
+    """The tiered run over 10 releases with the controls beside the lifetimes, on one of their
+    slots or on their own."""
+    n = 10
+    rng = _range(n)
+    shas = [c.sha for c in rng.candidates]
+    flip = 1 + zlib.crc32(f"flip/{seed}".encode()) % (n - 1)
+    recipe = Recipe("bench").to_dict()
+    recipe["probe"]["narrow"] = "op"
+    pool = gpu_pool(RuntimeSettings(gpus=("0",), lifetimes_per_gpu=slots,
+                                    controls_own_slot=own_slot))
+    faithful = Leased(pool, shas, flip, 0.9, 0.01, seed, scale, H100_LIFETIMES_S)
+    narrow = Simulated(shas, flip, 1.0, 0.0, seed, scale, (OP_RUN_S,))
+
+    def controls_for(commit: str) -> HeldControls:
+        return HeldControls(pool, commit, H100_CONTROLS_S * scale)
+
+    evaluators = Evaluators(faithful, slots, controls_for=controls_for, narrow=narrow)
+    path = folder / "journal.jsonl"
+    started = time.perf_counter()
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng, recipe=recipe, mode="recipe"))
+        state = session.replay(read(path))
+        design = BisectDesign(state, slots=slots, controls=True)
+        Engine(journal, design, evaluators.arms(), parallel=slots,
+               controls_for=evaluators.controls_for).run()
+    observed = read(path).observations
+    return {
+        "seconds": (time.perf_counter() - started) / scale,
+        "lifetimes": sum(1 for o in observed if o.get("tier") != "narrow"),
+        "right": state.summary().get("flip_commit") == shas[flip],
+    }
+
+
+def compare_controls(seeds: int, scale: float, slots: int) -> None:
+    results: dict[str, list[dict[str, Any]]] = {"shared": [], "own": []}
+    for seed in range(seeds):
+        modes = (("shared", False), ("own", True))
+        for name, own in modes if seed % 2 == 0 else modes[::-1]:
+            with tempfile.TemporaryDirectory(prefix="bench-controls-") as tmp:
+                results[name].append(controls_run(Path(tmp), own, seed, scale, slots))
+    print(f"\ntiered, 10 releases, {slots} lifetime slots, the controls beside them "
+          f"({H100_CONTROLS_S:.0f} s on a GPU), {seeds} histories (GPU seconds):")
+    for name, runs in results.items():
+        secs = [r["seconds"] for r in runs]
+        where = "a lifetime's slot" if name == "shared" else "their own slot"
+        print(f"  controls on {where:<17} time to answer mean {statistics.mean(secs):6.0f} s "
+              f"(median {statistics.median(secs):.0f}, max {max(secs):.0f}); lifetimes mean "
+              f"{statistics.mean(r['lifetimes'] for r in runs):.1f}; right "
+              f"{sum(r['right'] for r in runs)}/{len(runs)}")
+    ratio = [a["seconds"] / b["seconds"]
+             for a, b in zip(results["shared"], results["own"], strict=True)]
+    print(f"  shared / own, paired: time {statistics.mean(ratio):.2f}x "
+          f"(median {statistics.median(ratio):.2f}x)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/slots.py")
     parser.add_argument("--seeds", type=int, default=24)
     parser.add_argument("--scale", type=float, default=0.002,
                         help="wall seconds per GPU second (0.002: a 90 s lifetime in 0.18 s)")
     parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--controls-only", action="store_true",
+                        help="only the controls' comparison (shared slot against their own)")
     args = parser.parse_args(argv)
     print(f"# python bench/slots.py --seeds {args.seeds} --scale {args.scale} "
-          f"--slots {args.slots}")
-    for label, n, tiered in (("tiered, 10 releases", 10, True),
-                             ("lifetimes only, 60 commits", 60, False)):
+          f"--slots {args.slots}" + (" --controls-only" if args.controls_only else ""))
+    for label, n, tiered in () if args.controls_only else (
+            ("tiered, 10 releases", 10, True), ("lifetimes only, 60 commits", 60, False)):
         results: dict[str, list[dict[str, Any]]] = {"refill": [], "batches": []}
         for seed in range(args.seeds):
             # alternate the order so that drift in the machine's load hits both alike
@@ -149,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                  for b, r in zip(results["batches"], results["refill"], strict=True)]
         print(f"  batches / refill, paired: time {statistics.mean(ratio):.2f}x "
               f"(median {statistics.median(ratio):.2f}x)")
+    compare_controls(args.seeds, args.scale, args.slots)
     return 0
 
 
