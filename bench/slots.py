@@ -26,12 +26,14 @@ record's setup) and once on a slot of their own. Lifetimes and controls lease th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,26 +98,46 @@ class Simulated:
                            duration_s=length)
 
 
-class Leased(Simulated):
-    """A lifetime that holds one of ``pool``'s GPU slots while it runs."""
+class Servers:
+    """How many servers are up at once on the GPU, and the most there ever were."""
 
-    def __init__(self, pool: GpuPool, *args: Any) -> None:
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def up(self) -> Iterator[None]:
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+class Leased(Simulated):
+    """A lifetime whose server is up while it holds one of ``pool``'s GPU slots."""
+
+    def __init__(self, pool: GpuPool, servers: Servers, *args: Any) -> None:
         super().__init__(*args)
-        self.pool = pool
+        self.pool, self.servers = pool, servers
 
     def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
-        with self.pool.lease():
+        with self.pool.lease(), self.servers.up():
             return super().evaluate(commit, lifetime_id, tags)
 
 
 class HeldControls:
-    """The controls on ``commit``: they pass, holding the controls' lease for ``seconds``."""
+    """The controls on ``commit``: they pass, their server up on the controls' lease for
+    ``seconds``."""
 
-    def __init__(self, pool: GpuPool, commit: str, seconds: float) -> None:
-        self.pool, self.commit, self.seconds = pool, commit, seconds
+    def __init__(self, pool: GpuPool, servers: Servers, commit: str, seconds: float) -> None:
+        self.pool, self.servers, self.commit, self.seconds = pool, servers, commit, seconds
 
     def run(self) -> dict[str, Any]:
-        with self.pool.controls_lease():
+        with self.pool.controls_lease(), self.servers.up():
             time.sleep(self.seconds)
         return dict(entries.controls(self.commit, True, "", {}, attempts=1))
 
@@ -166,11 +188,12 @@ def controls_run(folder: Path, own_slot: bool, seed: int, scale: float,
     recipe["probe"]["narrow"] = "op"
     pool = gpu_pool(RuntimeSettings(gpus=("0",), lifetimes_per_gpu=slots,
                                     controls_own_slot=own_slot))
-    faithful = Leased(pool, shas, flip, 0.9, 0.01, seed, scale, H100_LIFETIMES_S)
+    servers = Servers()
+    faithful = Leased(pool, servers, shas, flip, 0.9, 0.01, seed, scale, H100_LIFETIMES_S)
     narrow = Simulated(shas, flip, 1.0, 0.0, seed, scale, (OP_RUN_S,))
 
     def controls_for(commit: str) -> HeldControls:
-        return HeldControls(pool, commit, H100_CONTROLS_S * scale)
+        return HeldControls(pool, servers, commit, H100_CONTROLS_S * scale)
 
     evaluators = Evaluators(faithful, slots, controls_for=controls_for, narrow=narrow)
     path = folder / "journal.jsonl"
@@ -186,6 +209,7 @@ def controls_run(folder: Path, own_slot: bool, seed: int, scale: float,
         "seconds": (time.perf_counter() - started) / scale,
         "lifetimes": sum(1 for o in observed if o.get("tier") != "narrow"),
         "right": state.summary().get("flip_commit") == shas[flip],
+        "peak_servers": servers.peak,
     }
 
 
