@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -318,6 +319,41 @@ def test_compatibility_gate_on_real_libraries(
     with pytest.raises(IncompatibleExtension, match="does not load in the pinned stack"):
         backend.check_compatible(swap(kernel_libraries.broken))
     assert list(overlays.iterdir()) == []
+
+
+def test_the_gate_asks_once_per_candidate_though_two_slots_ask_at_once(
+    tmp_path: Path, pinned_site: Path, kernel_libraries: Libraries, session: str, overlays: Path
+) -> None:
+    """Two slots given the same candidate each ran the gate's interpreter on the H100 (7-11 s
+    apiece), and a refused candidate was checked again at every ask: one check a candidate, its
+    verdict kept, passed or refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend = backend_for(pinned_site, session, tmp_path, overlays)
+    dumps = []
+    real = backend._schema_dumps
+
+    def counted(swap: SwapSet) -> Any:
+        dumps.append(swap.commit)
+        return real(swap)
+
+    backend._schema_dumps = counted  # type: ignore[method-assign]
+    changed = SwapSet(commit="c" * 40, files={"demopkg/_kernels.so": kernel_libraries.changed})
+    same = SwapSet(commit="s" * 40, files={"demopkg/_kernels.so": kernel_libraries.same})
+
+    def ask(swap: SwapSet) -> str:
+        try:
+            backend.check_compatible(swap)
+        except IncompatibleExtension as refused:
+            return str(refused)
+        return "ok"
+
+    with ThreadPoolExecutor(4) as threads:
+        said = list(threads.map(ask, [changed, changed, same, same]))
+    assert said[2:] == ["ok", "ok"]
+    assert said[0] == said[1] and "op _C::rms_norm changed" in said[0]
+    assert ask(changed) == said[0]  # asked again: the same verdict, no new check
+    assert sorted(dumps) == sorted([changed.commit, same.commit])
 
 
 def test_make_backend_rejects_unknown_backend_and_missing_module(

@@ -11,10 +11,11 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 import httpx
 
+from bisect_tool.errors import IncompatibleExtension
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
 from bisect_tool.recipe import RuntimeSettings
 from bisect_tool.runtime import schemas
@@ -25,6 +26,8 @@ from bisect_tool.runtime.overlay import safe_name
 SchemaDump = Callable[[str], "dict[str, str] | None"]
 #: one running lifetime as the backend keeps it (a process group, a container)
 L = TypeVar("L", bound=Launched)
+#: a swap set as the gate remembers it (``schemas.gate_key``)
+GateKey: TypeAlias = tuple[str, tuple[tuple[str, str], ...]]
 
 
 class Backend(abc.ABC, Generic[L]):
@@ -44,7 +47,12 @@ class Backend(abc.ABC, Generic[L]):
         self.log_dir = Path(log_dir)
         self.grace_s = grace_s
         self._http = http_client
-        self._checked: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        self._checked: set[GateKey] = set()
+        # a swap set the gate refused, and its verdict (the schemas do not change between asks)
+        self._refused: dict[GateKey, IncompatibleExtension] = {}
+        # one check of a swap set at a time: two slots given the same candidate at once each ran
+        # the gate's interpreter on the H100 (7-11 s apiece, docs/bench/gpu-2026-12-07-h100)
+        self._gate_locks: dict[GateKey, threading.Lock] = {}
         self._live: dict[str, L] = {}
         self._lock = threading.Lock()
 
@@ -97,13 +105,23 @@ class Backend(abc.ABC, Generic[L]):
         """Raise ``IncompatibleExtension`` naming the op when the swap set's extensions
         register op schemas that differ from the pinned stack's (each swap set asked once)."""
         key = schemas.gate_key(swap)
-        if key in self._checked:
-            return
-        exts = schemas.extension_paths(list(swap.files))
-        if exts:
-            with self._schema_dumps(swap) as (pinned, candidate):
-                schemas.check_extensions(swap, exts, pinned, candidate, self.settings.gate_ops)
-        self._checked.add(key)
+        with self._lock:
+            turn = self._gate_locks.setdefault(key, threading.Lock())
+        with turn:
+            if key in self._checked:
+                return
+            if key in self._refused:
+                raise self._refused[key]
+            exts = schemas.extension_paths(list(swap.files))
+            if exts:
+                try:
+                    with self._schema_dumps(swap) as (pinned, candidate):
+                        schemas.check_extensions(swap, exts, pinned, candidate,
+                                                 self.settings.gate_ops)
+                except IncompatibleExtension as refused:
+                    self._refused[key] = refused
+                    raise
+            self._checked.add(key)
 
     @abc.abstractmethod
     def _schema_dumps(
