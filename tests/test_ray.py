@@ -640,7 +640,7 @@ def test_the_controls_on_a_ray_node_honour_the_recipes_attempts(
             return None
 
         @contextmanager
-        def boot(self, swap: SwapSet, lid: str, env: object) -> Any:
+        def boot(self, swap: SwapSet, lid: str, env: object, gpu_lease: object = None) -> Any:
             boots.append(lid)
             yield ServerHandle("http://127.0.0.1:1", lid, tmp_path / "log")
 
