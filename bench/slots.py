@@ -222,16 +222,23 @@ def compare_controls(seeds: int, scale: float, slots: int) -> None:
                 results[name].append(controls_run(Path(tmp), own, seed, scale, slots))
     print(f"\ntiered, 10 releases, {slots} lifetime slots, the controls beside them "
           f"({H100_CONTROLS_S:.0f} s on a GPU), {seeds} histories (GPU seconds):")
-    for name, runs in results.items():
+    _compare({"controls on a lifetime's slot": results["shared"],
+              "controls on their own slot": results["own"]}, "shared / own")
+
+
+def _compare(modes: dict[str, list[dict[str, Any]]], ratio_name: str) -> None:
+    """Each mode's time to answer, lifetimes and right answers, then the first's time over the
+    second's, paired by history."""
+    width = max(len(name) for name in modes)
+    for name, runs in modes.items():
         secs = [r["seconds"] for r in runs]
-        where = "a lifetime's slot" if name == "shared" else "their own slot"
-        print(f"  controls on {where:<17} time to answer mean {statistics.mean(secs):6.0f} s "
+        print(f"  {name:<{width}} time to answer mean {statistics.mean(secs):6.0f} s "
               f"(median {statistics.median(secs):.0f}, max {max(secs):.0f}); lifetimes mean "
               f"{statistics.mean(r['lifetimes'] for r in runs):.1f}; right "
               f"{sum(r['right'] for r in runs)}/{len(runs)}")
-    ratio = [a["seconds"] / b["seconds"]
-             for a, b in zip(results["shared"], results["own"], strict=True)]
-    print(f"  shared / own, paired: time {statistics.mean(ratio):.2f}x "
+    first, second = modes.values()
+    ratio = [a["seconds"] / b["seconds"] for a, b in zip(first, second, strict=True)]
+    print(f"  {ratio_name}, paired: time {statistics.mean(ratio):.2f}x "
           f"(median {statistics.median(ratio):.2f}x)")
 
 
@@ -257,16 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                     results[name].append(one_run(Path(tmp), n, tiered, design_class, seed,
                                                  args.scale, args.slots))
         print(f"\n{label}, {args.slots} slots, {args.seeds} histories (GPU seconds):")
-        for name, runs in results.items():
-            secs = [r["seconds"] for r in runs]
-            print(f"  {name:<8} time to answer mean {statistics.mean(secs):6.0f} s "
-                  f"(median {statistics.median(secs):.0f}); lifetimes mean "
-                  f"{statistics.mean(r['lifetimes'] for r in runs):.1f}; right "
-                  f"{sum(r['right'] for r in runs)}/{len(runs)}")
-        ratio = [b["seconds"] / r["seconds"]
-                 for b, r in zip(results["batches"], results["refill"], strict=True)]
-        print(f"  batches / refill, paired: time {statistics.mean(ratio):.2f}x "
-              f"(median {statistics.median(ratio):.2f}x)")
+        _compare({"batches": results["batches"], "refill": results["refill"]},
+                 "batches / refill")
     compare_controls(args.seeds, args.scale, args.slots)
     return 0
 
