@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from markdown_it import MarkdownIt
+from mdtables import cells
 
 from bisect_tool import journal
 from bisect_tool.errors import StateError
@@ -200,25 +201,6 @@ def parse(md: str) -> list[Any]:
     return MarkdownIt("commonmark").enable("table").parse(md)
 
 
-def table_rows(md: str) -> list[list[tuple[str, list[str]]]]:
-    """Body rows of the first table: each cell as (text, link hrefs)."""
-    rows: list[list[tuple[str, list[str]]]] = []
-    in_body = False
-    for tok in parse(md):
-        if tok.type == "tbody_open":
-            in_body = True
-        elif tok.type == "tbody_close":
-            break
-        elif in_body and tok.type == "tr_open":
-            rows.append([])
-        elif in_body and tok.type == "inline":
-            hrefs = [str(c.attrGet("href")) for c in tok.children or [] if c.type == "link_open"]
-            text = "".join(c.content for c in tok.children or [] if c.type in ("text",
-                                                                            "code_inline"))
-            rows[-1].append((text, hrefs))
-    return rows
-
-
 def links(md: str) -> list[str]:
     return [str(c.attrGet("href")) for t in parse(md) if t.type == "inline"
             for c in t.children or [] if c.type == "link_open"]
@@ -232,7 +214,7 @@ def first_paragraph(md: str) -> str:
 
 def evidence_rows(md: str) -> list[list[tuple[str, list[str]]]]:
     """Body rows of the Evidence table (the table after "### Evidence")."""
-    return table_rows(md[md.index("### Evidence"):])
+    return cells(md[md.index("### Evidence"):])
 
 
 def test_evidence_has_one_row_per_lifetime_with_the_journals_facts(
@@ -292,7 +274,7 @@ def test_headline_says_the_answer_in_words_with_its_confidence(
     assert "v0.26.0 (bad) .. v0.27.0 (good), 10 commits" in head
     assert "- How sure: 99.3% (the run stops at 99.5%)" not in head  # below it: said so
     assert "below the 99.5% a run stops at today" in head
-    sure = {r[0][0]: r[1][0] for r in table_rows(md[md.index("### How sure"):])}
+    sure = {r[0][0]: r[1][0] for r in cells(md[md.index("### How sure"):])}
     assert sure["p: a lifetime with the bug shows it"].startswith("0.55 [0.31, 0.78]")
     assert sure["From the server lifetimes"] == "99.3%"
 
@@ -320,7 +302,7 @@ def test_links_only_to_commits_of_the_vllm_remote(
 def test_environment_block_and_symptom(contents: JournalContents) -> None:
     md = render_markdown(build_report(contents, STATE))
     env = md[md.index("### Environment"):]
-    rows = {r[0][0]: r[1][0] for r in table_rows(env)}
+    rows = {r[0][0]: r[1][0] for r in cells(env)}
     assert rows["GPU"] == "NVIDIA H200"
     assert rows["Driver"] == "570.86.15" and rows["Python"] == "3.12.3"
     assert rows["PyTorch"] == "2.11.0+cu130"  # listed under versions in this journal
