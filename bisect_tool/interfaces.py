@@ -78,7 +78,8 @@ class RuntimeBackend(Protocol):
 
     def check_compatible(self, swap: SwapSet) -> None:
         """Raise ``IncompatibleExtension`` naming the op when the swap set's op schemas differ
-        from the pinned stack's."""
+        from the pinned stack's; each swap set is checked once, its verdict kept, however many
+        threads ask."""
         ...
 
     def cleanup_stale(self, session: str | None = None) -> int:

@@ -57,14 +57,12 @@ class ServerEvaluator(_ArtifactEvaluator):
         self.session = session
         self.log_dir = log_dir
         self.gpu_lease = gpu_lease
-        self._gated: set[str] = set()
 
     def gate(self, swap: SwapSet) -> None:
-        """Raise ``IncompatibleExtension`` when the pinned stack cannot load ``swap`` (asked
-        once a candidate): every lifetime, the controls' too, is gated before it boots."""
-        if swap.commit not in self._gated:
-            self.backend.check_compatible(swap)
-            self._gated.add(swap.commit)
+        """Raise ``IncompatibleExtension`` when the pinned stack cannot load ``swap``: every
+        lifetime, the controls' too, is gated before it boots (the backend checks a swap set
+        once and keeps its verdict, ``Backend.check_compatible``)."""
+        self.backend.check_compatible(swap)
 
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
         started = time.monotonic()
