@@ -53,6 +53,12 @@ class HeaderEntry(TypedDict, total=False):
     bad: str
     direction: str
     paths: list[str]
+    # where the range sits: the main line (release tags map to where their branch left it), the
+    # merge base standing in for the older end when the ends are not on one line of history, and
+    # what the path filter left out ([why, count])
+    mainline: str
+    merge_base: str
+    path_left_out: list[list[Any]]
     candidates: list[dict[str, Any]]
     recipe: dict[str, Any]
     mode: str

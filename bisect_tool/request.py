@@ -54,6 +54,7 @@ class StartRequest:
     run_command: str | None = None
     run_timeout: float = 0.0
     paths: tuple[str, ...] = ()
+    mainline: str | None = None  # --mainline: the ref releases branch from (None: the default)
     search_overrides: Mapping[str, Any] | None = None  # without a recipe: --confidence etc.
     deterministic: bool = False  # --deterministic: one run a candidate (git bisect's contract)
     command: tuple[str, ...] = ()
@@ -75,7 +76,9 @@ def resolve(request: StartRequest) -> tuple[CommitRange, Recipe | None, dict[str
             )
         return release_range(request, recipe, request.releases)
     path_filter = request.paths or (recipe.range.paths if recipe else ())
-    return resolve_range(request.repo, request.good, request.bad, path_filter), recipe, {}
+    commit_range = resolve_range(request.repo, request.good, request.bad, path_filter,
+                                 mainline=request.mainline)
+    return commit_range, recipe, {}
 
 
 def create_journal(request: StartRequest) -> tuple[Path, CommitRange]:
@@ -116,12 +119,26 @@ def create_journal(request: StartRequest) -> tuple[Path, CommitRange]:
         repo_url=clone_link_base(request.repo) if clone else "",
         run_command=request.run_command or "",
         run_timeout=request.run_timeout,
+        **_placed(commit_range),
         **extra,
     )
     journal_mod.create(path, header)
     if request.carried is not None:
         _carry(path, header, request.carried)
     return path, commit_range
+
+
+def _placed(commit_range: CommitRange) -> dict[str, Any]:
+    """The header's facts about where the range sits: the main line, the merge base standing in
+    for the older end, what the path filter left out (only those that are set)."""
+    out: dict[str, Any] = {}
+    if commit_range.mainline:
+        out["mainline"] = commit_range.mainline
+    if commit_range.merge_base:
+        out["merge_base"] = commit_range.merge_base
+    if commit_range.left_out:
+        out["path_left_out"] = [list(item) for item in commit_range.left_out]
+    return out
 
 
 def release_range(

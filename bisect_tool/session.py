@@ -401,6 +401,10 @@ class State:
             "bad_end_doubt": st.bad_end_doubt,
             "message": (self.end or {}).get("message", ""),
             "level": str(self.header.get("level") or "commit"),
+            # a flip off the main line (a release branch's bump or cherry-pick): where it lives
+            # and the main commit it copies
+            "flip_provenance": {c.sha: c.provenance() for c in self.candidates
+                                if c.sha in st.flip_block and c.provenance()},
         }
 
 

@@ -236,3 +236,121 @@ def bisect(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
         [sys.executable, "-m", "bisect_tool", *argv],
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+@dataclass
+class ReleaseRepo(Repo):
+    """A history shaped like vLLM's (its RELEASE.md, /work/shared/vllm-facts.md "How releases
+    sit in the history"): every release on a branch of its own cut from main, with an RC tag,
+    a version bump and cherry-picks that main never gets back, so no two release tags are on
+    one line of history. ``at`` names the commits by role."""
+
+    at: dict[str, str] = field(default_factory=dict)
+
+
+#: the fix's marker: the kernel pins its block size from this commit on (vLLM PR #48391)
+FIX_MARKER = "PINNED_BLOCK"
+
+
+def release_branches(path: Path) -> ReleaseRepo:
+    """main: m1..m18, squash-merged PRs (subjects end in ``(#PR)``); csrc/ changes at m3, m10
+    (the fix: ``FIX_MARKER`` appears in csrc/kernel.cu), m12 and m15.
+
+    - ``releases/v0.26.0`` cut at m6: a bump tagged ``v0.26.0rc1``, a cherry-pick of m7 with
+      its ``-x`` trailer, then a bump tagged ``v0.26.0``; later a cherry-pick of the fix m10
+      (``-x``) and a bump tagged ``v0.26.1`` (a post release reuses its branch);
+      ``branch.txt`` says ``bug`` from the 0.26.0 bump on (a change only that branch has).
+    - ``releases/v0.27.0`` cut at m14: a bump tagged ``v0.27.0rc1``, a cherry-pick of m15 (a
+      kernel fix landed on main after the cut) WITHOUT the trailer (found by patch id), a bump
+      tagged ``v0.27.0``.
+    """
+    return _built_once(("release_branches",), path, _release_branches)  # type: ignore[return-value]
+
+
+def _release_branches(path: Path) -> ReleaseRepo:
+    base = init(path)
+    repo = ReleaseRepo(base.path)
+    kernel = ["// rms_norm launcher", "int block = tokens < 256 ? 1024 : 256;"]
+    n = 0
+
+    def main_commit(subject: str, csrc: str | None = None) -> str:
+        nonlocal n
+        n += 1
+        files = {f"vllm/mod{n % 3}.py": f"# {subject}\n"}
+        if csrc is not None:
+            kernel.append(csrc)
+            files["csrc/kernel.cu"] = "\n".join(kernel) + "\n"
+        sha = repo.commit(f"{subject} (#{1000 + n})", files)
+        repo.main.append(sha)
+        repo.at[f"m{n}"] = sha
+        return sha
+
+    def release(branch: str, at: str) -> None:
+        repo.git("checkout", "-q", "-b", branch, at)
+
+    def bump(version: str, tag: str) -> str:
+        sha = repo.commit(f"[Release] Bump version to {version}", {"version.txt": f"{version}\n"})
+        repo.tag(tag)
+        return sha
+
+    def pick(sha: str, trailer: bool) -> str:
+        repo.git("cherry-pick", *(["-x"] if trailer else []), sha)
+        return repo.git("rev-parse", "HEAD")
+
+    repo.commit("Initial import", {"csrc/kernel.cu": "\n".join(kernel) + "\n",
+                                   "branch.txt": "ok\n", "version.txt": "0.25.0\n"})
+    repo.main.append(repo.git("rev-parse", "HEAD"))
+    repo.at["m0"] = repo.main[0]
+    for i in range(1, 7):
+        main_commit(f"[Core] change {i}", csrc="// tidy" if i == 3 else None)
+    release("releases/v0.26.0", repo.at["m6"])
+    repo.at["rc26"] = bump("0.26.0rc1", "v0.26.0rc1")
+    repo.git("checkout", "-q", "main")
+    main_commit("[Bugfix] Fix the sampler's seed")  # m7
+    repo.git("checkout", "-q", "releases/v0.26.0")
+    repo.at["pick7"] = pick(repo.at["m7"], trailer=True)
+    repo.at["bump26"] = repo.commit("[Release] Bump version to 0.26.0",
+                                    {"version.txt": "0.26.0\n", "branch.txt": "bug\n"})
+    repo.tag("v0.26.0")
+    repo.git("checkout", "-q", "main")
+    main_commit("[Frontend] change 8")
+    main_commit("[Core] change 9")
+    main_commit("[Bugfix][Kernel] Fix batch invariance in RMSNorm kernels by pinning block size",
+                csrc=f"int block_bi = 1024; // {FIX_MARKER}")  # m10: the fix
+    main_commit("[Doc] change 11")
+    main_commit("[Kernel] change 12", csrc="// vectorise")
+    main_commit("[Core] change 13")
+    main_commit("[Misc] change 14")
+    release("releases/v0.27.0", repo.at["m14"])
+    repo.at["rc27"] = bump("0.27.0rc1", "v0.27.0rc1")
+    repo.git("checkout", "-q", "main")
+    main_commit("[Bugfix][Kernel] Fix fp8 quant launch", csrc="// fp8 fix")  # m15
+    main_commit("[Core] change 16")
+    repo.git("checkout", "-q", "releases/v0.27.0")
+    repo.at["pick15"] = pick(repo.at["m15"], trailer=False)
+    repo.at["bump27"] = bump("0.27.0", "v0.27.0")
+    repo.git("checkout", "-q", "releases/v0.26.0")
+    repo.at["pick10"] = pick(repo.at["m10"], trailer=True)
+    repo.at["bump261"] = bump("0.26.1", "v0.26.1")
+    repo.git("checkout", "-q", "main")
+    main_commit("[Core] change 17")
+    main_commit("[Core] change 18")
+    return repo
+
+
+def write_content_probe(path: Path, *, marker_means: str, file: str = "csrc/kernel.cu",
+                        marker: str = FIX_MARKER, p: float = 1.0) -> str:
+    """A ``--run`` script that judges a candidate by its files, as a real probe judges a build:
+    ``marker`` in ``file`` means ``marker_means`` ("good" or "bad"); on the bad side a lifetime
+    fails with probability ``p`` (seeded by the lifetime id, so runs are reproducible)."""
+    path.write_text(textwrap.dedent(
+        f"""
+        import hashlib, os, random, sys
+        has = {marker!r} in open({file!r}).read()
+        bad = has if {marker_means!r} == "bad" else not has
+        rng = random.Random(int(hashlib.sha256(os.environ["BISECT_LIFETIME"].encode())
+                                .hexdigest(), 16))
+        sys.exit(1 if bad and rng.random() < {p!r} else 0)
+        """
+    ))
+    return f"{sys.executable} -I -S {path}"

@@ -95,13 +95,31 @@ def test_same_commit_twice(lin: Repo) -> None:
     assert "same commit" in _one_line(exc)
 
 
-def test_unrelated_ends(tmp_path: Path) -> None:
+def test_diverged_ends_bisect_from_their_merge_base_as_git_does(tmp_path: Path) -> None:
+    # neither end is an ancestor of the other: git bisect tests their merge base first and
+    # the candidates are the commits reachable from the newer end only
     repo = linear(tmp_path / "repo", 3)
     repo.git("checkout", "-q", "-b", "other", repo.main[0])
     other = repo.commit("diverged", {"g": "1\n"})
+    # "other" left main at its first commit, before main[2]: it is the older end (a fix
+    # search, the bad end older), and main[0] stands in for it
+    r = resolve_range(repo.path, repo.main[2], other)
+    assert r.direction is Direction.FIX
+    assert [c.sha for c in r.candidates] == repo.main[:3]
+    assert r.merge_base == repo.main[0] and r.old_end.stands_for == other
+    # the other way round, "other" is the newer end's branch and its tail is off main
+    r = resolve_range(repo.path, other, repo.main[0])
+    assert [c.sha for c in r.candidates] == [repo.main[0], other]
+    assert r.merge_base == "" and r.new_end.branch == other and not r.old_end.branch
+
+
+def test_ends_that_share_no_history(tmp_path: Path) -> None:
+    repo = linear(tmp_path / "repo", 3)
+    repo.git("checkout", "-q", "--orphan", "unrelated")
+    other = repo.commit("a root of its own", {"g": "1\n"})
     with pytest.raises(RangeError) as exc:
         resolve_range(repo.path, repo.main[2], other)
-    assert "neither" in _one_line(exc) and "ancestor" in str(exc.value)
+    assert "share no history" in _one_line(exc)
 
 
 def test_not_a_git_repository(tmp_path: Path) -> None:

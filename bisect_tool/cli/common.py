@@ -199,15 +199,18 @@ def print_outcome(outcome: Outcome, journal: Path | None = None) -> None:
         noun = "release" if summary.get("level") == "release" else "commit"
         level = str(summary.get("level") or "commit")
         block = [spelled(str(ref), level) for ref in summary["flip_block"]]
+        where = summary.get("flip_provenance") or {}
         if len(block) == 1:
             click.echo(
                 f"{word} {noun}: {block[0]} (confidence {summary['confidence']:.1%}, "
                 f"{summary['evaluations']} lifetimes)"
             )
+            if where.get(summary["flip_block"][0]):
+                click.echo(f"  {where[summary['flip_block'][0]]}")
         else:
             click.echo(f"{word} {noun} could be any of ({summary['confidence']:.1%}):")
-            for sha in block:
-                click.echo(f"  {sha}")
+            for sha, shown in zip(summary["flip_block"], block, strict=True):
+                click.echo(f"  {shown}" + (f" ({where[sha]})" if where.get(sha) else ""))
         if journal is None:
             click.echo("see `bisect report` for the full report", err=True)
         else:  # replay: the answer is its output, the hint goes with it (issue 32, item 10)

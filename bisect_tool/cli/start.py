@@ -44,6 +44,11 @@ from bisect_tool.request import ReleaseRequest, StartRequest
 )
 @click.option("--path", "paths", multiple=True, help="Only commits touching these paths.")
 @click.option(
+    "--mainline", default=None, metavar="REF",
+    help="The main line releases branch from (default: the remote's main, else main): release "
+    "tags map to where their branch left it, and commits off it have no per-commit wheel.",
+)
+@click.option(
     "--confidence",
     type=Finite(0, 1, min_open=True, max_open=True),
     default=None,
@@ -125,6 +130,7 @@ def start(
     run_command: str | None,
     run_timeout: float,
     paths: tuple[str, ...],
+    mainline: str | None,
     confidence: float | None,
     max_evaluations: int | None,
     backend: str | None,
@@ -162,12 +168,13 @@ def start(
         raise UsageError("--pre, --include-yanked and --index-url go with --releases")
     if releases and paths:
         raise UsageError("--path filters commits; a release-level bisect has none (drop --path)")
+    if releases and mainline and not repo_given():
+        raise UsageError("--mainline places commits; a release-level bisect without --repo has "
+                         "none (drop --mainline, or give --repo CLONE)")
     release_request = None
     if releases:
-        ctx = click.get_current_context()
-        explicit_repo = ctx.get_parameter_source("repo") is not click.core.ParameterSource.DEFAULT
         release_request = ReleaseRequest(
-            index_url=index_url or "", pre=pre, yanked=include_yanked, then_commits=explicit_repo
+            index_url=index_url or "", pre=pre, yanked=include_yanked, then_commits=repo_given()
         )
     recipe_obj = recipe_mod.load(recipe_name) if recipe_name else None
     if prefetch is not None and recipe_obj is None:
@@ -199,6 +206,7 @@ def start(
         run_command=run_command,
         run_timeout=run_timeout,
         paths=paths,
+        mainline=mainline,
         search_overrides=_search_overrides(confidence, max_evaluations, cost_new, cost_lifetime),
         deterministic=deterministic,
         command=("bisect", *sys.argv[1:]),
@@ -219,6 +227,12 @@ def start(
             locate_before_bisect(recipe_obj, good, bad, repo, request, release_request, observer)
         outcome = run.start(request, observer)
     print_outcome(outcome)
+
+
+def repo_given() -> bool:
+    """Whether --repo was on the command line (not its default, the current folder)."""
+    ctx = click.get_current_context()
+    return ctx.get_parameter_source("repo") is not click.core.ParameterSource.DEFAULT
 
 
 def _plan(request: StartRequest, as_json: bool, p: float | None, trials: int | None) -> None:

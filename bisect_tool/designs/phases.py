@@ -18,6 +18,7 @@ from typing import Any
 
 from bisect_tool import entries
 from bisect_tool.designs import Finish, Record
+from bisect_tool.designs.mergebase import merge_base_message
 from bisect_tool.ends import SUSPECT_LIFETIMES_FACTOR, good_end_not_good
 from bisect_tool.recipe import SearchSettings
 from bisect_tool.session import State, narrow_kind
@@ -128,6 +129,9 @@ def _fast_probe_good_end(state: State, narrow: Summary, kind: str) -> Finish | N
     if good is None or not t[good] or not d[good]:
         return None
     g = state.candidates[good]
+    if g.stands_for:
+        return Finish(EndState.ENDS_CONTRADICT, merge_base_message(
+            state.header, g, state.direction, f"{d[good]} of {t[good]} runs of the {kind} probe"))
     said = f"the {kind} probe shows the bug at the good end {g.label} ({d[good]} of {t[good]})"
     if bad is not None and t[bad]:
         b = state.candidates[bad]
@@ -220,6 +224,10 @@ def _stop_reason(
         f" (standing in for the untestable bad end {state.candidates[s.bad_end].label})")
     if (s.divergent[bad] == 0 and s.total[bad] >= settings.max_end_lifetimes
             and not s.divergent.any()):
+        if state.candidates[bad].stands_for:
+            return EndState.BAD_END_NEVER, merge_base_message(
+                state.header, state.candidates[bad], state.direction,
+                f"0 of {s.total[bad]} {unit} divergent")
         return EndState.BAD_END_NEVER, (
             f"the bad end {state.candidates[bad].label}{stand_in} never showed the bug in "
             f"{s.total[bad]} {unit}: nothing to bisect (check the recipe, or raise "
@@ -268,10 +276,17 @@ def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None
     assert bad is not None and good is not None
     label = state.candidates
     if s.total[bad] and not s.divergent[bad]:
+        if label[bad].stands_for:
+            return EndState.BAD_END_NEVER, merge_base_message(
+                state.header, label[bad], state.direction, "its one run clean, --deterministic")
         return EndState.BAD_END_NEVER, (
             f"the bad end {label[bad].label} did not show the bug in its run "
             f"(--deterministic): check the probe reproduces it there" + DROP_DETERMINISTIC)
     if s.total[good] and s.divergent[good]:
+        if label[good].stands_for:
+            return EndState.ENDS_CONTRADICT, merge_base_message(
+                state.header, label[good], state.direction,
+                "its one run divergent, --deterministic")
         older = "older" if state.direction is Direction.REGRESSION else "newer"
         return EndState.ENDS_CONTRADICT, (
             f"the good end {label[good].label} shows the bug (--deterministic): give an "
@@ -312,6 +327,9 @@ def ends_contradict_message(
         pos = s.good_end if end == "good" else s.bad_end
     sha = state.candidates[pos].label
     d, t = int(s.divergent[pos]), int(s.total[pos])
+    if state.candidates[pos].stands_for:
+        return merge_base_message(state.header, state.candidates[pos], state.direction,
+                                  f"{d} of {t} lifetimes divergent")
     beyond, not_bad = s.good_end_doubt, s.bad_end_doubt
     if end == "good":
         older = "older" if state.direction is Direction.REGRESSION else "newer"
