@@ -110,7 +110,7 @@ def test_diverged_ends_bisect_from_their_merge_base_as_git_does(tmp_path: Path) 
     # the other way round, "other" is the newer end's branch and its tail is off main
     r = resolve_range(repo.path, other, repo.main[0])
     assert [c.sha for c in r.candidates] == [repo.main[0], other]
-    assert r.merge_base == "" and r.new_end.branch == other and not r.old_end.branch
+    assert r.merge_base == "" and r.new_end.branch == "other" and not r.old_end.branch
 
 
 def test_ends_that_share_no_history(tmp_path: Path) -> None:
