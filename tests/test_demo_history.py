@@ -10,10 +10,13 @@ import pytest
 
 from bisect_tool.demo.history import (
     BAD_TAG,
+    CUDA_SWITCH_TIME,
     GOOD_TAG,
     KERNEL,
     MODEL,
+    PIPELINE,
     PLANTED_SUBJECT,
+    default_cuda,
     generate,
     split_lm_head,
 )
@@ -41,18 +44,19 @@ def checkout(history, ref: str, where: Path) -> Path:  # type: ignore[no-untyped
 
 def test_shape_tags_merges_and_pr_numbers(history) -> None:  # type: ignore[no-untyped-def]
     repo = history.repo
-    assert git(repo, "tag").split() == [BAD_TAG, GOOD_TAG]
+    assert git(repo, "tag").split() == [BAD_TAG, f"{BAD_TAG}rc1", GOOD_TAG, f"{GOOD_TAG}rc1"]
     assert int(git(repo, "rev-list", "--count", "--all")) == 300
-    assert (
-        git(repo, "rev-parse", "HEAD").strip() == git(repo, "rev-parse", f"{GOOD_TAG}^{{}}").strip()
-    )
+    assert git(repo, "rev-parse", "HEAD").strip() == history.main_commits[-1]
+    main = git(repo, "rev-list", "--first-parent", "--reverse", "main").split()
+    assert tuple(main) == history.main_commits
+    line = git(repo, "rev-list", "--first-parent", "--reverse", GOOD_TAG).split()
+    assert tuple(line) == history.first_parent
     merges = git(repo, "rev-list", "--merges", f"{BAD_TAG}..{GOOD_TAG}").split()
     assert len(merges) >= 5
-    first_parent = git(repo, "rev-list", "--first-parent", "--reverse", "HEAD").split()
-    assert tuple(first_parent) == history.first_parent
     subjects = git(repo, "log", "--first-parent", "--format=%s", f"{BAD_TAG}..{GOOD_TAG}")
     with_pr = [
-        s for s in subjects.splitlines() if re.search(r"\(#\d{5}\)$|^Merge pull request #", s)
+        s for s in subjects.splitlines()
+        if re.search(r"\(#\d{5}\)$|^Merge pull request #|^\[Release\] Bump version to", s)
     ]
     assert len(with_pr) == len(subjects.splitlines())
     python_only = git(
@@ -83,6 +87,48 @@ def test_shape_tags_merges_and_pr_numbers(history) -> None:  # type: ignore[no-u
     # The Python-side regression is Python-only; the kernel fix is compiled.
     assert history.python_commit in python_only and history.python_commit not in compiled
     assert history.planted_commit in compiled
+
+
+def test_releases_sit_on_branches_of_their_own_as_vllms_do(history) -> None:  # type: ignore[no-untyped-def]
+    # vLLM's RELEASE.md (vllm-facts.md): each release is tagged on a branch cut from main, with
+    # an RC tag, a bump and cherry-picks main never gets back; no two tags on one line
+    repo = history.repo
+    on_one_line = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor",
+                                  BAD_TAG, GOOD_TAG], check=False)
+    assert on_one_line.returncode == 1
+    assert git(repo, "merge-base", BAD_TAG, GOOD_TAG).strip() == history.merge_base
+    assert git(repo, "merge-base", BAD_TAG, "main").strip() == history.merge_base
+    for tag in (BAD_TAG, GOOD_TAG):
+        branch = history.release_commits[tag]
+        assert len(branch) == 3
+        assert git(repo, "rev-parse", f"{tag}rc1^{{}}").strip() == branch[0]
+        assert git(repo, "rev-parse", f"{tag}^{{}}").strip() == branch[-1]
+        assert git(repo, "branch", "--contains", branch[-1]).split()[-1] == f"releases/{tag}"
+        assert not set(branch) & set(history.main_commits)
+    picks = dict(history.picks)
+    (pick26,) = (c for c in picks if c in history.release_commits[BAD_TAG])
+    (pick27,) = (c for c in picks if c in history.release_commits[GOOD_TAG])
+    # 0.26's pick carries `git cherry-pick -x`'s trailer; 0.27's does not, but copies the patch
+    assert f"(cherry picked from commit {picks[pick26]})" in git(repo, "log", "-1", pick26)
+    assert "cherry picked" not in git(repo, "log", "-1", pick27)
+    assert git(repo, "diff", f"{pick27}^", pick27) == git(repo, "diff", f"{picks[pick27]}^",
+                                                          picks[pick27])
+    assert picks[pick27] in history.main_commits  # landed on main after v0.27.0's cut
+    cut = history.main_commits.index(git(repo, "merge-base", GOOD_TAG, "main").strip())
+    assert history.main_commits.index(picks[pick27]) == cut + 1
+
+
+def test_the_wheels_default_cuda_switches_once(history) -> None:  # type: ignore[no-untyped-def]
+    # vLLM PR #39878 (2026-04-15): the default wheels went from CUDA 12.9 to 13.0
+    repo = history.repo
+    cuda = [default_cuda(git(repo, "show", f"{c}:{PIPELINE}")) for c in history.first_parent]
+    at = history.first_parent.index(history.cuda_switch)
+    assert cuda == ["12.9"] * at + ["13.0"] * (len(cuda) - at)
+    when = int(git(repo, "log", "-1", "--format=%ct", history.cuda_switch))
+    assert CUDA_SWITCH_TIME <= when < CUDA_SWITCH_TIME + 2 * 86_400
+    merge_base = history.first_parent.index(history.merge_base)
+    assert merge_base < at < history.first_parent.index(git(repo, "merge-base", GOOD_TAG,
+                                                            "main").strip())
 
 
 @pytest.mark.slow

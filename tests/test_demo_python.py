@@ -67,7 +67,8 @@ def test_the_python_commit_lies_between_the_tags_and_changes_only_model_py(
 ) -> None:
     repo, sha = history.repo, history.python_commit
     assert len(sha) == 40 and sha in history.first_parent
-    old = git(repo, "rev-parse", f"{BAD_TAG}^{{}}").strip()
+    # between the merge base the bisect starts from (v0.26.0's branch point) and v0.27.0
+    old = history.merge_base
     new = git(repo, "rev-parse", f"{GOOD_TAG}^{{}}").strip()
     assert sha not in (old, new)
     assert history.first_parent.index(old) < history.first_parent.index(sha)
