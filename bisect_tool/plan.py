@@ -211,6 +211,7 @@ class CandidateLine:
     origin: str  # how the plan names the source ("cache", "source build", ...; "" in --run)
     detail: str  # its URL, path, or why no source has it
     gate: str  # "ok", the gate's message, or "" (not asked: the artifact is not at hand)
+    where: str = ""  # off the main line: its branch and the main commit it copies
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -229,6 +230,7 @@ class Plan:
     unreachable: Mapping[str, str]  # sources that could not be asked, and why
     gate_note: str  # why the gate was not asked, if it was not
     expected: Expected
+    placement: tuple[str, ...] = ()  # where the range sits (range.placement), one line each
 
     @property
     def ready(self) -> bool:
@@ -244,12 +246,14 @@ class Plan:
             "unreachable": dict(self.unreachable),
             "gate_note": self.gate_note,
             "expected": dataclasses.asdict(self.expected),
+            "placement": list(self.placement),
         }
 
 
 def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS) -> Plan:
     """The plan for what `start` was asked (``request``), with nothing written."""
     from bisect_tool import session
+    from bisect_tool.range import placement
     from bisect_tool.request import resolve
 
     commit_range, recipe, extra = resolve(request)
@@ -288,6 +292,7 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
         unreachable=unreachable,
         gate_note=gate_note,
         expected=expected,
+        placement=tuple(placement(commit_range)) if extra.get("level") != "release" else (),
     )
 
 
@@ -299,7 +304,7 @@ def _candidate_lines(
 ) -> tuple[list[CandidateLine], dict[str, str], str]:
     if recipe is None:
         where = "a worktree runs --run" if request.run_command else "you judge it"
-        return [CandidateLine(i, c.sha, c.label, c.subject, "", where, "")
+        return [CandidateLine(i, c.sha, c.label, c.subject, "", where, "", c.provenance())
                 for i, c in enumerate(candidates)], {}, ""
     from bisect_tool.artifacts.origins import locate_all
 
@@ -309,7 +314,8 @@ def _candidate_lines(
     )
     gates, gate_note = _gate(recipe, origins, checks)
     lines = [
-        CandidateLine(i, c.sha, c.label, c.subject, o.name, o.detail, gates.get(i, ""))
+        CandidateLine(i, c.sha, c.label, c.subject, o.name, o.detail, gates.get(i, ""),
+                      c.provenance())
         for i, (c, o) in enumerate(zip(candidates, origins, strict=True))
     ]
     return lines, unreachable, gate_note
@@ -365,6 +371,7 @@ def render(plan: Plan) -> str:
         f"plan: {len(plan.candidates)} {noun} from {plan.good} (good) to {plan.bad} (bad), "
         f"looking for the {what} one"
         + (f", recipe {plan.recipe}" if plan.recipe else f" ({plan.mode} mode)"),
+        *(f"  {line}" for line in plan.placement),
         "",
         "candidates (position, commit, where its artifact comes from, the gate):",
     ]
@@ -372,7 +379,8 @@ def render(plan: Plan) -> str:
         gate = "" if not c.gate else ("  gate: ok" if c.gate == "ok" else
                                       f"  gate REJECTS: {c.gate}")
         origin = c.origin or c.detail
-        lines.append(f"  {c.position:>4} {c.label:<14} {origin:<13} {c.subject[:60]}{gate}")
+        where = f" [{c.where}]" if c.where else ""
+        lines.append(f"  {c.position:>4} {c.label:<14} {origin:<13} {c.subject[:60]}{where}{gate}")
     if plan.mode == "recipe":
         tally: dict[str, int] = {}
         for c in plan.candidates:

@@ -434,3 +434,32 @@ def resolve_range(
     why = (((f"touch none of {', '.join(paths)}", left_out),) if left_out else ())
     return CommitRange(good_ref, bad_ref, good, bad, direction, tuple(candidates), tuple(paths),
                        mainline=main_ref, left_out=why)
+
+
+def placement(commit_range: CommitRange) -> list[str]:
+    """What a plan says about where the range sits, one line each: the merge base standing in
+    for the older end, the candidates off the main line, what the path filter left out."""
+    lines = []
+    old = commit_range.old_end
+    fix = commit_range.direction is Direction.FIX
+    new_ref = commit_range.good_ref if fix else commit_range.bad_ref
+    main = _short_ref(commit_range.mainline) or "the main line"
+    if old.stands_for:
+        lines.append(
+            f"{old.stands_for} and {new_ref} are not on one line of history (each release on a "
+            f"branch of its own): the bisect starts at their merge base {old.label}, where "
+            f"{old.stands_for}'s branch left {main}, tested first in {old.stands_for}'s place "
+            "(as git bisect does)")
+    off = commit_range.tail
+    if off:
+        picks = sum(1 for c in off if c.picked_from)
+        lines.append(
+            f"{len(off)} of {len(commit_range.candidates)} candidates live on {off[0].branch}, "
+            f"not on {main}"
+            + (f" ({picks} of them {'a cherry-pick' if picks == 1 else 'cherry-picks'} of "
+               f"{'a main commit' if picks == 1 else 'main commits'})" if picks else "")
+            + ": vLLM publishes per-commit wheels for main's commits only (#16217)")
+    for why, count in commit_range.left_out:
+        lines.append(f"left out {count} commits that {why}: nothing a build reads changed "
+                     "there, so their compiled files are their parent's")
+    return lines

@@ -15,6 +15,7 @@ import pytest
 from gitrepos import run_cli
 
 from bisect_tool import journal as journal_mod
+from bisect_tool import recipe as recipe_mod
 from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.demo import pinned
 from bisect_tool.demo.cli import write_recipe
@@ -45,7 +46,7 @@ def demo(tmp_path: Path, history: DemoHistory) -> tuple[Path, list[str], str]:
     pinned.ensure_pinned_build()
     recipe = write_recipe(tmp_path / "demo.toml", tmp_path / "cache")
     shas = [c.sha for c in resolve_range(history.repo, history.good_tag, history.bad_tag,
-                                         ("csrc/", "CMakeLists.txt", "setup.py")).candidates]
+                                         recipe_mod.load("demo").range.paths).candidates]
     cache = ArtifactCache(tmp_path / "cache")
     kernel = pinned.STACK_DIR / SO
     for sha in (shas[0], shas[-1]):

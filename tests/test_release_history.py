@@ -190,3 +190,36 @@ def test_a_merge_base_that_is_bad_stops_and_names_the_fix_on_the_older_branch(
     assert code == 0, err
     assert out.startswith(f"first good commit: {at['pick10']}")
     assert f"the cherry-pick of {at['m10'][:12]}" in out
+
+
+def test_a_change_of_the_wheels_cuda_is_kept_by_the_recipes_path_filter(tmp_path: Path) -> None:
+    # vLLM #39878 changed every wheel from the release pipeline, touching no source file: the
+    # recipes' filters keep what a build reads, not only csrc/ (issue 37, item 4)
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.demo.history import generate
+
+    history = generate(tmp_path / "repo", commits=80)
+    for name in ("demo", "demo-op", "demo-python"):
+        paths = recipe_mod.load(name).range.paths
+        shas = {c.sha for c in resolve_range(history.repo, "v0.27.0", "v0.26.0", paths)
+                .candidates}
+        assert history.cuda_switch in shas, name
+    for name in ("batch-invariance", "batch-invariance-op"):
+        paths = recipe_mod.load(name).range.paths
+        assert {".buildkite/release-pipeline.yaml", "requirements/cuda.txt",
+                "docker/Dockerfile", "csrc/"} <= set(paths)
+
+
+def test_plan_says_where_the_range_sits(vllm_like: ReleaseRepo) -> None:
+    code, out, err = run_cli("plan", "--good", "v0.27.0", "--bad", "v0.26.0", "--run", "true",
+                             "--repo", str(vllm_like.path), "--path", "csrc/")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "the bisect starts at their merge base " + vllm_like.at["m6"][:12] in lines[1]
+    assert lines[2].startswith("  2 of 5 candidates live on releases/v0.27.0, not on main "
+                               "(1 of them a cherry-pick of a main commit)")
+    assert lines[3] == ("  left out 7 commits that touch none of csrc/: nothing a build reads "
+                        "changed there, so their compiled files are their parent's")
+    pick = next(line for line in lines if vllm_like.at["pick15"][:12] in line)
+    assert pick.endswith(f"[on releases/v0.27.0, not on the main line; the cherry-pick of "
+                         f"{vllm_like.at['m15'][:12]}]")
