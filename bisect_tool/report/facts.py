@@ -222,10 +222,20 @@ def _releases(header: Mapping[str, Any], commits: Sequence[Mapping[str, Any]],
         if old is not None:
             fix = answer.get("direction") == "fix"
             good, bad = (name(new), name(old)) if fix else (name(old), name(new))
+            # the recipe as given, with the sources it had for commits (a release-level run
+            # keeps only release wheels: that copy would refuse every commit without a tag)
+            sources = [str(s) for s in header.get("commit_sources")
+                       or (recipe.get("artifacts") or {}).get("sources") or []]
+            for_commits = {**recipe, "artifacts": {**(recipe.get("artifacts") or {}),
+                                                   "sources": sources}}
             next_step = {
                 "old": name(old), "new": name(new), "paths": paths,
                 "command": shlex.join(["bisect", "start", "--good", good, "--bad", bad,
-                                       "--recipe", reproduce.recipe_arg(recipe, bundled_recipe)]),
+                                       "--recipe",
+                                       reproduce.recipe_arg(for_commits, bundled_recipe)]),
+                # a commit between two releases has no release wheel: the recipe must name a
+                # per-commit source (vLLM's wheel index, or a source build)
+                "reaches_commits": bool({"wheel-index", "source-build"} & set(sources)),
             }
     level = header.get("level") == "release"
     return {

@@ -143,8 +143,12 @@ def _next_line(report: Mapping[str, Any]) -> str | None:
     if not step:
         return None
     paths = f" touching {', '.join(step['paths'])}" if step["paths"] else ""
-    return (f"- Next: the commits between {code(step['old'])} and {code(step['new'])}{paths}, "
+    line = (f"- Next: the commits between {code(step['old'])} and {code(step['new'])}{paths}, "
             f"in a vLLM clone: {code(step['command'])}")
+    if step.get("reaches_commits") is False:
+        line += (" (its recipe's [artifacts] sources reach no commit without a release tag: "
+                 "add \"wheel-index\" or \"source-build\")")
+    return line
 
 
 def _searched_line(report: Mapping[str, Any]) -> str:
