@@ -140,6 +140,12 @@ def test_a_fix_cherry_picked_onto_a_release_branch_is_named_with_its_main_origin
     assert lines[0].startswith(f"first good commit: {at['pick15']}")
     assert lines[1] == (f"  on releases/v0.27.0, not on the main line; the cherry-pick of "
                         f"{at['m15'][:12]}")
+    code, report, err = run_cli("report", "--state-dir", str(tmp_path / "state"))
+    assert code == 0, err
+    assert (f"on `releases/v0.27.0`, not on the main line: the cherry-pick of "
+            f"`{at['m15'][:7]}`") in report.splitlines()[2]
+    assert (f"v0.26.0 (bad) .. v0.27.0 (good) from their merge base {at['m6'][:7]} (where "
+            "v0.26.0's branch left main; git tests it first)") in report
     # and onto the older release's branch: v0.26.0 -> v0.26.1
     probe = write_content_probe(tmp_path / "probe2.py", marker_means="good")
     code, out, err, _ = _start(vllm_like, tmp_path / "b", "v0.26.1", "v0.26.0", probe)

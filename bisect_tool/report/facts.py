@@ -304,6 +304,11 @@ def _range_facts(header: Mapping[str, Any], commits: Sequence[Mapping[str, Any]]
         "bad_end_index": bad_end,
         "compare_url": compare_url,
         "remote_url": str(header.get("remote_url") or ""),
+        # the older end's stand-in where the ends are not on one line of history
+        "merge_base": str(header.get("merge_base") or "") or None,
+        "merge_base_for": commits[0].get("stands_for"),
+        "mainline": str(header.get("mainline") or "main").removeprefix("refs/heads/")
+        .removeprefix("refs/remotes/"),
     }
 
 
@@ -313,9 +318,13 @@ def _headline(answer: Mapping[str, Any], rng: Mapping[str, Any], recipe: Mapping
     block = answer["flip_block"]
     fixed = answer["direction"] == "fix"
     noun = rng["noun"]
+    stand_in = (f" from their merge base {short_ref(rng['merge_base'])} (where "
+                f"{rng['merge_base_for']}'s branch left {rng['mainline']}; git tests it first)"
+                if rng.get("merge_base") else "")
     searched = (
         f"{rng['bad_ref'] or short_ref(rng['bad_sha'])} (bad) .. "
-        f"{rng['good_ref'] or short_ref(rng['good_sha'])} (good), {rng['candidates']} {noun}s"
+        f"{rng['good_ref'] or short_ref(rng['good_sha'])} (good){stand_in}, "
+        f"{rng['candidates']} {noun}s"
         + (f" touching {', '.join(rng['paths'])}" if rng["paths"] and noun == "commit" else "")
     )
     words = None

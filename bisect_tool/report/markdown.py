@@ -46,6 +46,12 @@ def _flip_words(c: Mapping[str, Any]) -> str:
             out += f" ([#{c['pr']}]({c['pr_url']}))"
         elif c.get("pr"):
             out += f" (#{c['pr']})"
+    if c.get("branch"):
+        out += f", on `{esc(c['branch'])}`, not on the main line"
+        if c.get("picked_from"):
+            picked = code(short_ref(c["picked_from"]))
+            out += (f": the cherry-pick of [{picked}]({c['picked_url']})" if c.get("picked_url")
+                    else f": the cherry-pick of {picked}")
     return out
 
 

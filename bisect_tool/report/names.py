@@ -85,6 +85,13 @@ def commit_entry(raw: Mapping[str, Any], index: int, repo_url: str) -> dict[str,
         "tags": list(raw.get("tags") or []),
         "commit_url": f"{repo_url}/commit/{sha}" if repo_url and FULL_SHA.match(sha) else None,
         "pr_url": f"{repo_url}/pull/{pr_number}" if repo_url and pr_number is not None else None,
+        # off the main line: the branch that holds it, the main commit a cherry-pick copies
+        # (linked where commits are), the older end a merge base stands in for
+        "branch": str(raw.get("branch") or "") or None,
+        "picked_from": str(raw.get("picked_from") or "") or None,
+        "picked_url": (f"{repo_url}/commit/{raw['picked_from']}" if repo_url
+                       and FULL_SHA.match(str(raw.get("picked_from") or "")) else None),
+        "stands_for": str(raw.get("stands_for") or "") or None,
     }
     out["name"] = name(out)
     return out
