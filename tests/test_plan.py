@@ -88,7 +88,7 @@ def test_plan_lists_every_candidate_its_origin_the_gate_the_cost_and_the_environ
             assert " cache " in row and "gate REJECTS" in row and "_C::rms_norm" in row, row
         else:
             assert " source build " in row and "gate" not in row, row
-    assert f"  artifacts: 3 cache, {len(shas) - 3} source build" in lines
+    assert f"  artifacts: 0 with a wheel, {len(shas) - 3} need a source build, 3 cache" in lines
     expected = "\n".join(lines[lines.index("") + 1:])
     assert "assumed p = 0.73, q = 0.01" in expected
     for what in ("op runs", "lifetimes", "(+1 for the controls)", "builds", "downloads",
