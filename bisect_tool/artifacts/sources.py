@@ -4,7 +4,6 @@ the next source and, if all fail, lists every reason)."""
 
 from __future__ import annotations
 
-import configparser
 import os
 import re
 import sys
@@ -424,59 +423,64 @@ def _pip_name(name: str) -> str:
     return name.lower().replace("_", "-").removeprefix("--")
 
 
-def _pip_files(env: Mapping[str, str], home: Path, prefix: Path) -> list[Path]:
-    """pip's configuration files, in the order pip loads them (a later one wins): site-wide
-    ($XDG_CONFIG_DIRS/pip/pip.conf, /etc/pip.conf), the user's (~/.pip/pip.conf, then
-    $XDG_CONFIG_HOME/pip/pip.conf; skipped when $PIP_CONFIG_FILE names a file that exists), the
-    environment's (sys.prefix/pip.conf), then $PIP_CONFIG_FILE. $PIP_CONFIG_FILE=/dev/null:
-    none at all (pip's own rule)."""
-    config_file = env.get("PIP_CONFIG_FILE")
-    if config_file == os.devnull:
-        return []
-    dirs = (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep)
-    files = [Path(d) / "pip" / "pip.conf" for d in dirs if d] + [Path("/etc/pip.conf")]
-    if not (config_file and Path(config_file).exists()):
-        xdg_config = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
-        files += [home / ".pip" / "pip.conf", xdg_config / "pip" / "pip.conf"]
-    files.append(prefix / "pip.conf")
-    if config_file:
-        files.append(Path(config_file))
-    return files
+def _pip_command() -> list[str] | None:
+    """How to run the user's pip: the tool's own interpreter's (``python -m pip``), else the
+    ``pip`` on PATH (a tool installed without pip, as ``uv tool`` does); None without one."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    found = shutil.which("pip3") or shutil.which("pip")
+    return [found] if found else None
 
 
 def pip_settings(
-    env: Mapping[str, str] | None = None, home: Path | None = None, prefix: Path | None = None
+    env: Mapping[str, str] | None = None, home: Path | None = None
 ) -> dict[str, str]:
-    """What pip's configuration says for ``pip install``, as pip merges it: every file's
-    [global] then [install] values (a later file wins within each), then the ``PIP_*``
-    environment variables over both. Keys are pip's option names (``index-url``)."""
-    env = os.environ if env is None else env
-    merged: dict[str, str] = {}
-    for path in _pip_files(env, home or Path.home(), prefix or Path(sys.prefix)):
-        parser = configparser.RawConfigParser()
-        parser.optionxform = _pip_name  # type: ignore[assignment,method-assign]
+    """What pip's configuration says for ``pip install``, asked of pip itself (``pip config
+    list`` under ``env``, HOME as ``home``): its merged files' [global] then [install] values,
+    then the ``PIP_*`` environment variables (``:env:``) over both, the order in which pip's
+    option parser applies them. Keys are pip's option names (``index-url``). Without a pip to
+    ask, the ``PIP_*`` variables alone (no pip, no pip.conf read by it)."""
+    import ast
+    import subprocess
+
+    env = dict(os.environ if env is None else env)
+    if home is not None:
+        env["HOME"] = str(home)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    items: dict[str, str] = {}
+    command = _pip_command()
+    done = None
+    if command is not None:
         try:
-            parser.read(path, encoding="utf-8")
-        except (configparser.Error, UnicodeDecodeError, OSError):
-            continue  # pip stops with an error; a listing should not: the file is skipped
-        for section in parser.sections():
-            for key, value in parser.items(section):
-                merged[f"{section}.{key}"] = value
+            done = subprocess.run([*command, "config", "list"], capture_output=True, text=True,
+                                  env=env, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError):
+            done = None
+    if done is not None and done.returncode == 0:
+        for line in done.stdout.splitlines():
+            key, sep, value = line.partition("=")
+            if not sep or "." not in key:
+                continue
+            try:
+                items[key] = str(ast.literal_eval(value))  # pip prints each value's repr
+            except (ValueError, SyntaxError):
+                items[key] = value.strip("'\"")
+    else:
+        items = {f":env:.{_pip_name(k[4:])}": v for k, v in env.items()
+                 if k.startswith("PIP_") and k not in ("PIP_VERSION", "PIP_HELP")}
     out: dict[str, str] = {}
-    for section in ("global", "install"):
-        out.update({k.split(".", 1)[1]: v for k, v in merged.items()
+    for section in ("global", "install", ":env:"):
+        out.update({_pip_name(k.split(".", 1)[1]): v for k, v in items.items()
                     if k.split(".", 1)[0] == section})
-    for key, value in env.items():
-        if key.startswith("PIP_") and key not in ("PIP_VERSION", "PIP_HELP"):
-            out[_pip_name(key[4:])] = value
     return out
 
 
-def pip_config(
-    env: Mapping[str, str] | None = None, home: Path | None = None, prefix: Path | None = None
-) -> PipIndexes:
+def pip_config(env: Mapping[str, str] | None = None, home: Path | None = None) -> PipIndexes:
     """The indexes and find-links locations ``pip install`` would use (see ``pip_settings``)."""
-    settings = pip_settings(env, home, prefix)
+    settings = pip_settings(env, home)
     return PipIndexes(
         index_url=settings.get("index-url", "").strip() or PYPI,
         extra_index_urls=tuple(settings.get("extra-index-url", "").split()),
