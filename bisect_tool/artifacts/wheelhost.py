@@ -425,9 +425,10 @@ class WheelHost:
             return [r.path for r in self.requests if r.method == method]
 
     def ranges(self, path_end: str = ".whl") -> list[str]:
-        """The Range headers of the requests whose path ends with ``path_end``."""
+        """The Range headers of the GETs whose path ends with ``path_end``."""
         with self._lock:
-            return [r.range for r in self.requests if r.path.endswith(path_end)]
+            return [r.range for r in self.requests
+                    if r.method == "GET" and r.path.endswith(path_end)]
 
     def bytes_sent(self, paths: Sequence[str] | None = None) -> int:
         with self._lock:
