@@ -30,6 +30,10 @@ class RangeSettings:
     # How a release's tag is spelled in the repository (release-level search goes on to the
     # commits between two adjacent releases through these tags).
     release_tag: str = "v{version}"
+    # The main line releases branch from ("origin/main"; "" = the remote's main, else main):
+    # release tags map to where their branch left it, and its commits alone have per-commit
+    # wheels (vLLM #16217). `--mainline` overrides it.
+    mainline: str = ""
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,8 @@ def open_provider(
     from bisect_tool.artifacts import make_provider
 
     with make_provider(
-        recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session
+        recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session,
+        runtime=recipe.runtime, mainline=recipe.range.mainline,
     ) as provider:
         yield provider
 

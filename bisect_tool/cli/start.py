@@ -195,6 +195,8 @@ def start(
             no_controls=no_controls,
             no_narrow=no_narrow,
         )
+        if mainline:
+            recipe_obj = recipe_obj.override("range", mainline=mainline)
         if deterministic:
             recipe_obj = recipe_obj.override("probe", deterministic=True)
     request = StartRequest(
