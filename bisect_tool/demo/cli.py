@@ -17,10 +17,14 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from bisect_tool.errors import NoAnswer, UsageError
+
+if TYPE_CHECKING:
+    from bisect_tool.demo.history import DemoHistory
 
 
 @click.command("demo")
@@ -75,7 +79,6 @@ def _run(
     workdir: Path, as_json: bool, backend: str, seed: int, commits: int, out: Path,
     lifetimes_only: bool = False,
 ) -> bool:
-    from bisect_tool import journal as journal_mod
     from bisect_tool.demo import pinned
     from bisect_tool.demo.history import generate
 
@@ -92,7 +95,25 @@ def _run(
     )
     pinned.ensure_pinned_build()
     image = _demo_image() if backend == "docker" else ""
-    recipe_path = write_recipe(workdir / "demo-recipe.toml", workdir / "cache", image=image)
+    from bisect_tool.demo.wheels import demo_host
+
+    # vLLM's per-commit wheel index for the history, on loopback (main's commits, in the CUDA
+    # variants its pipeline built): each candidate's swap set comes from there, by HTTP range,
+    # or from a source build where the index has none
+    host = demo_host(history, workdir / "wheels")
+    with host:
+        return _bisect(history, workdir, as_json, seed, commits, out, lifetimes_only, image,
+                       host.url, started)
+
+
+def _bisect(history: DemoHistory, workdir: Path, as_json: bool, seed: int, commits: int,
+            out: Path, lifetimes_only: bool, image: str, wheel_index: str,
+            started: float) -> bool:
+    from bisect_tool import journal as journal_mod
+
+    repo = history.repo
+    recipe_path = write_recipe(workdir / "demo-recipe.toml", workdir / "cache", image=image,
+                               wheel_index=wheel_index)
     state_dir = workdir / "state"
     from bisect_tool import recipe as recipe_mod
     from bisect_tool import run
@@ -206,7 +227,8 @@ def _write_report(journal_path: Path, out: Path) -> tuple[Path, Path | None, str
 DEMO_RECIPES = ("demo", "demo-python")
 
 
-def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "demo") -> Path:
+def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "demo",
+                 wheel_index: str = "") -> Path:
     """Write the bundled demo recipe ``name`` (one of ``DEMO_RECIPES``), completed for this
     machine, to ``path``; validated.
 
@@ -227,6 +249,14 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "d
         r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text
     )
     text = re.sub(r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{cache_dir}"', text, count=1)
+    if wheel_index:
+        # the demo's per-commit wheel index first (bisect_tool.demo.wheels), the build after;
+        # its pinned stack stands for a build against CUDA 13.0
+        text, n = re.subn(r'(?m)^sources = \["source-build"\]',
+                          f'sources = ["wheel-index", "source-build"]\n'
+                          f'wheel_index_url = "{wheel_index}"\nvariant = "cu130"', text, count=1)
+        if n != 1:
+            raise UsageError(f"the bundled {name} recipe has no source-build line to extend")
     if image:
         text, n = re.subn(
             r'(?m)^backend = "local"', f'backend = "docker"\nimage = "{image}"', text, count=1
