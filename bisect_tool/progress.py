@@ -16,7 +16,7 @@ from bisect_tool.events import (
     PosteriorMoved,
     RunStarted,
 )
-from bisect_tool.values import short
+from bisect_tool.values import percent, short
 
 
 def describe(event: Event) -> str | None:
@@ -34,7 +34,7 @@ def describe(event: Event) -> str | None:
     if isinstance(event, CandidateChosen):
         return (
             f"[{event.lifetimes_done} lifetimes, {event.candidates_left} candidates left, top "
-            f"{event.top_mass:.1%} at {short(event.top_sha)}] "
+            f"{percent(event.top_mass)} at {short(event.top_sha)}] "
             + ("fast probe: " if event.tier == "narrow" else "")
             + f"{event.reason}: "
             f"{short(event.sha)} {event.subject[:60]} x{event.lifetimes}"

@@ -37,7 +37,7 @@ def test_summary_names_commit_confidence_p_lifetimes_and_where_the_files_are() -
     lines = text.strip().splitlines()
     assert lines[0] == "bisect demo summary"
     assert "48690ce925ed = the planted fix" in text
-    assert "99.93%" in text
+    assert "99.9%" in text  # percent(): one decimal unless it would read 100.0%
     assert "0.52 (90% credible interval 0.41 to 0.63)" in text
     assert "47 (plus the controls' lifetime)" in text
     assert "bisect-demo-out/report.md" in text and "bisect-demo-out/posterior.png" in text

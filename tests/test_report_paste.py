@@ -76,8 +76,9 @@ def test_how_sure_shows_the_lifetimes_alone_beside_the_op_checks_prior() -> None
     assert sure["Were v0.27.0 still buggy: 1 clean lifetime"].startswith(
         "10.3% of the time, with p from the bad side's 3 of 3 divergent")
     assert sure["q: a lifetime without the bug shows it anyway"] == (
-        "0.01 [0.00, 0.04] (median [90% interval]), from 0 of 1 lifetime on the good side and "
-        "the prior Beta(0.5, 50)")
+        # two significant digits below a tenth (issue 41: 0.0063 was printed 0.01)
+        "0.0063 [0.0013, 0.039] (median [90% interval]), from 0 of 1 lifetime on the good side "
+        "and the prior Beta(0.5, 50)")
     # "these alone carry the answer" is gone: it was false here
     assert "alone carry the answer" not in md
 

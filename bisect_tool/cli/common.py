@@ -19,7 +19,7 @@ from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.recipe import Recipe
 from bisect_tool.run import Outcome
-from bisect_tool.values import spelled
+from bisect_tool.values import percent, spelled
 from bisect_tool.verdict import EndState
 
 
@@ -201,11 +201,11 @@ def print_outcome(outcome: Outcome, journal: Path | None = None) -> None:
         block = [spelled(str(ref), level) for ref in summary["flip_block"]]
         if len(block) == 1:
             click.echo(
-                f"{word} {noun}: {block[0]} (confidence {summary['confidence']:.1%}, "
+                f"{word} {noun}: {block[0]} (confidence {percent(summary['confidence'])}, "
                 f"{summary['evaluations']} lifetimes)"
             )
         else:
-            click.echo(f"{word} {noun} could be any of ({summary['confidence']:.1%}):")
+            click.echo(f"{word} {noun} could be any of ({percent(summary['confidence'])}):")
             for sha in block:
                 click.echo(f"  {sha}")
         if journal is None:

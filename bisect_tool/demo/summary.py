@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from bisect_tool.values import percent, rate_text
+
 # Where `bisect demo` writes its report and plot by default: relative to the current directory,
 # kept after the run (a temp dir would vanish with the paths we just printed), gitignored.
 DEFAULT_OUT_DIR = Path("bisect-demo-out")
@@ -44,13 +46,14 @@ def format_summary(outcome: DemoOutcome) -> str:
     if o.p_estimate is None:
         rate = "unknown"
     elif o.p_interval is None:
-        rate = f"{o.p_estimate:.2f}"
+        rate = rate_text(o.p_estimate)
     else:
         lo, hi = o.p_interval
-        rate = f"{o.p_estimate:.2f} (90% credible interval {lo:.2f} to {hi:.2f})"
+        rate = (f"{rate_text(o.p_estimate)} (90% credible interval {rate_text(lo)} to "
+                f"{rate_text(hi)})")
     rows = [
         ("found commit", found),
-        ("confidence", "unknown" if o.confidence is None else f"{o.confidence:.2%}"),
+        ("confidence", "unknown" if o.confidence is None else percent(o.confidence)),
         ("estimated p", rate + " (chance a pre-fix lifetime shows the bug)"),
         ("lifetimes", f"{o.lifetimes} (plus the controls' lifetime)"
          + (f"; {o.narrow_runs} op-check runs narrowed the range first" if o.narrow_runs

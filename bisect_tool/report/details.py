@@ -10,9 +10,9 @@ from typing import Any
 
 from bisect_tool.probes.metrics import StepBucket
 from bisect_tool.probes.render import render_op_detail
-from bisect_tool.report.names import pct
 from bisect_tool.report.plot import text_plot
 from bisect_tool.report.text import cell, code, delta, details, esc, fence, plural, ref, table
+from bisect_tool.values import percent
 
 _DAGGER = "†"
 
@@ -150,7 +150,7 @@ def narrowing_section(report: Mapping[str, Any]) -> list[str]:
     story = (f"Before any server lifetime, the op check ran on each candidate's {files} "
              f"({esc(t['what_ran'])}): {plural(int(t['runs'] or 0), 'run')} on "
              f"{plural(int(t['candidates']), noun)} put the flip at {code(t['flip'])} "
-             f"({pct(t['confidence'])}).")
+             f"({percent(t['confidence'])}).")
     sides = t.get("sides")
     if sides:
         b, g = sides["bad"], sides["good"]

@@ -26,8 +26,9 @@ from bisect_tool.report.details import (
     seen_words,
     version_words,
 )
-from bisect_tool.report.names import commit_entry, name, pct
+from bisect_tool.report.names import commit_entry, name
 from bisect_tool.report.text import code, details, esc, plural, table
+from bisect_tool.values import percent
 
 _SHORT = {  # each explanation in a few words, for the first line
     Explanation.COMPILED: "the compiled side carries the change",
@@ -178,16 +179,16 @@ def _first_line(r: Mapping[str, Any]) -> list[str]:
         return f"{c['name']} diverged in {c['divergent']} of {plural(c['lifetimes'], 'lifetime')}"
 
     if not f["decided"]:
-        return [f"**Not decided**: {f['words']} at {pct(f['probability'])}, below the "
-                f"{pct(f['stop_at'])} the run stops at. {said(bg)}; {said(gb)}."]
-    return [f"**{f['words'][0].upper()}{f['words'][1:]}** — **{pct(f['probability'])}**. "
+        return [f"**Not decided**: {f['words']} at {percent(f['probability'])}, below the "
+                f"{percent(f['stop_at'])} the run stops at. {said(bg)}; {said(gb)}."]
+    return [f"**{f['words'][0].upper()}{f['words'][1:]}** — **{percent(f['probability'])}**. "
             f"{said(bg)}; {said(gb)}."]
 
 
 def render_locate_markdown(r: Mapping[str, Any]) -> str:
     f = r["finding"]
-    title = (f"## Locate: {f['words']} ({pct(f['probability'])})" if f["decided"] else
-             f"## Locate: not decided ({f['words']}: {pct(f['probability'])})")
+    title = (f"## Locate: {f['words']} ({percent(f['probability'])})" if f["decided"] else
+             f"## Locate: not decided ({f['words']}: {percent(f['probability'])})")
     lines = [title, "", *_first_line(r), ""]
     level = "releases" if r["level"] == "release" else "commits"
     files = ", ".join(code(x) for x in r["files"])
@@ -221,10 +222,11 @@ def render_locate_markdown(r: Mapping[str, Any]) -> str:
                   "what they held besides each release's own package is not recorded by this "
                   "run."]
     lines += ["", "### How sure", ""]
-    post = [[esc(MEANING[Explanation(k)]), pct(v)] for k, v in f["posterior"].items()]
+    post = [[esc(MEANING[Explanation(k)]), percent(v)] for k, v in f["posterior"].items()]
     lines += table(["Explanation", "Posterior"], post, "lr")
-    lines += ["", f"Asked {pct(f['asked'])}; the run stops at {pct(f['stop_at'])}. Each cell's "
-              "lifetimes are scored with the bisect's own model (p and q integrated out)."]
+    lines += ["", f"Asked {percent(f['asked'])}; the run stops at {percent(f['stop_at'])}. "
+              "Each cell's lifetimes are scored with the bisect's own model (p and q integrated "
+              "out)."]
     if f["tied"]:
         lines[-1] += (f" The cells that ran cannot tell it apart from: "
                       f"{', '.join(esc(t) for t in f['tied'])}.")
