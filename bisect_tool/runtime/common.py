@@ -35,6 +35,13 @@ PORT_ATTEMPTS = 3
 # Printed by a server that lost the race for its port (we pick it, then it binds): boot again.
 _PORT_TAKEN = ("address already in use", "errno 98", "eaddrinuse")
 
+#: The folder the pinned interpreter is asked from (where its package lives, its versions, the
+#: plan's checks): never the caller's. ``python -c`` puts the working folder first on sys.path,
+#: so inside a vLLM clone it would find the clone's uncompiled package before the pinned one
+#: (issue 41: `bisect plan` run in the clone said "ready", and `start` then failed at once).
+NEUTRAL_CWD = "/"
+
+
 # Asked of the pinned interpreter: where a package lives, without importing it (importing vLLM
 # takes ~20 s and may touch CUDA; find_spec only searches sys.path).
 PACKAGE_DIR_SCRIPT = (

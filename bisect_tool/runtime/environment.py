@@ -68,7 +68,11 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
     if runtime.backend == "docker":
         facts["image"] = runtime.image
     else:
-        env = dict(os.environ)
+        from bisect_tool.runtime.common import NEUTRAL_CWD
+
+        # asked as the runtime asks (not from the caller's folder: a clone there would be what
+        # it finds) and with the lifetimes' own [runtime] env
+        env = {**os.environ, **runtime.env}
         if runtime.pinned_package_dir:
             rest = env.get("PYTHONPATH", "")
             env["PYTHONPATH"] = runtime.pinned_package_dir + (os.pathsep + rest if rest else "")
@@ -81,6 +85,7 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
                 text=True,
                 timeout=120,
                 env=env,
+                cwd=NEUTRAL_CWD,
             )
             facts.update(json.loads(done.stdout.strip().splitlines()[-1]))
             whose = "the tool's own, " if interpreter == sys.executable else ""
