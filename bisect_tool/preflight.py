@@ -148,7 +148,7 @@ def _docker(image: str) -> list[Check]:
     except Exception as exc:  # docker raises several unrelated types here
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return [Check("docker", False, f"the engine is not reachable ({first})",
-                      "start it (scripts/docker-up.sh)", True)]
+                      "start it (make docker-up says what it changes first)", True)]
     checks = [Check("docker", True, f"engine {version}", required=True)]
     if image:
         try:

@@ -32,6 +32,10 @@ def clip(text: str, width: int) -> str:
     return cut.rstrip(" ,;:-([") + "…"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 class Tally:
     """What the progress lines count, kept apart and never going back (issue 41: the op check's
     runs were counted as "lifetimes", the count restarted at 0 when the lifetimes began, and
@@ -61,9 +65,9 @@ class Tally:
             self.top = f"top {percent(event.top_mass)} at {short(event.top_sha)}"
 
     def words(self) -> str:
-        runs = [f"{self.op_runs} op runs"] if self.op_runs else []
-        runs.append(f"{self.lifetimes} lifetimes")
-        left = [] if self.left is None else [f"{self.left} candidates left"]
+        runs = [_count(self.op_runs, "op run")] if self.op_runs else []
+        runs.append(_count(self.lifetimes, "lifetime"))
+        left = [] if self.left is None else [_count(self.left, "candidate") + " left"]
         return ", ".join([*runs, *left, *([self.top] if self.top else [])])
 
 

@@ -132,7 +132,7 @@ def test_the_counts_keep_op_runs_apart_never_restart_and_never_go_up() -> None:
                               "op check: ")
     assert text[3].startswith("[2 op runs, 0 lifetimes, 4 candidates left, ")
     assert text[4].startswith("[3 op runs, 0 lifetimes, 4 candidates left, ")
-    assert text[5].startswith("[3 op runs, 1 lifetimes, 4 candidates left, ")
+    assert text[5].startswith("[3 op runs, 1 lifetime, 4 candidates left, ")
     # a subject cut at a word, with an ellipsis; no unexplained "x1"
     assert text[4].endswith("Fix batch invariance in RMSNorm kernels…"), text[4]
     assert not any(line.endswith(" x1") for line in text)

@@ -3,7 +3,8 @@
 Generates the demo repository (a vLLM-shaped history with one planted fix), then runs
 ``bisect start --good v0.27.0 --bad v0.26.0`` with source builds of each candidate's C
 extension, the extension swapped into the pinned demollm stack, several server lifetimes per
-candidate and the server determinism probe; prints the report (or ``--json``).
+candidate and the server determinism probe; writes the report and prints a summary (or
+``--json``). Everything it made stays in one folder (``bisect_tool.demo.outdir``).
 
 ``--backend docker`` runs every lifetime in a container of ``bisect-demo-stack:<digest>``, an image
 derived once from the offline ``bisect-base:bookworm`` with the pinned stack inside
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from bisect_tool.errors import NoAnswer, UsageError
     "--workdir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Keep the generated repository, cache and state here (default: a temp dir).",
+    help="Keep the generated repository, cache and state here (default: the --out folder).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the report.")
 @click.option(
@@ -37,14 +37,15 @@ from bisect_tool.errors import NoAnswer, UsageError
     default="local",
     show_default=True,
     help="Where lifetimes run: processes here, or containers of a demo image derived from "
-    "bisect-base:bookworm (scripts/docker-up.sh makes it).",
+    "bisect-base:bookworm (make docker-up makes it).",
 )
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
     default=None,
-    help="Write report.md and posterior.png here (default: ./bisect-demo-out, or "
-    "WORKDIR/bisect-demo-out with --workdir); kept after the run.",
+    help="Write report.md and posterior.png here, and without --workdir the history, its "
+    "state and the cache too (default: ./bisect-demo-out, or WORKDIR/bisect-demo-out with "
+    "--workdir); kept after the run.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the history.")
 @click.option("--commits", type=int, default=300, show_default=True)
@@ -59,16 +60,13 @@ def demo_command(
     """Run the whole pipeline on the built-in demo target (no GPU needed)."""
     from bisect_tool.demo.summary import DEFAULT_OUT_DIR
 
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="bisect-demo-") as tmp:
-            found = _run(Path(tmp), as_json, backend, seed, commits, out or DEFAULT_OUT_DIR,
-                         lifetimes_only)
-    else:
-        found = _run(workdir, as_json, backend, seed, commits, out or workdir / DEFAULT_OUT_DIR,
-                     lifetimes_only)
+    if workdir is None:  # kept, so that status, log and report find the session afterwards
+        workdir = out = out or DEFAULT_OUT_DIR
+    found = _run(workdir, as_json, backend, seed, commits, out or workdir / DEFAULT_OUT_DIR,
+                 lifetimes_only)
     if not found:
         # A demo that did not find its own planted fix failed: `make demo` must say so.
-        raise NoAnswer("the demo did not find its planted fix; the report above says what it saw")
+        raise NoAnswer("the demo did not find its planted fix; the report says what it saw")
 
 
 def _run(
@@ -76,27 +74,26 @@ def _run(
     lifetimes_only: bool = False,
 ) -> bool:
     from bisect_tool import journal as journal_mod
-    from bisect_tool.demo import pinned
+    from bisect_tool.demo import outdir, pinned
     from bisect_tool.demo.history import generate
+    from bisect_tool.statedir import STATE_SUBDIR
 
     started = time.monotonic()
-    workdir.mkdir(parents=True, exist_ok=True)
-    repo = workdir / "demo-repo"
-    if repo.exists():
-        raise UsageError(
-            f"{repo} exists; give a new --workdir (the demo generates a fresh history)"
-        )
+    workdir = workdir.absolute()  # the history's generator runs git elsewhere
+    outdir.claim(workdir)  # an earlier demo's history, state and cache here go
+    repo = workdir / outdir.REPO
     history = generate(repo, seed=seed, commits=commits)
     click.echo(
         f"generated {repo} ({commits} commits); planted fix {history.planted_commit[:12]}", err=True
     )
     pinned.ensure_pinned_build()
     image = _demo_image() if backend == "docker" else ""
-    recipe_path = write_recipe(workdir / "demo-recipe.toml", workdir / "cache", image=image)
-    state_dir = workdir / "state"
+    recipe_path = write_recipe(workdir / outdir.RECIPE, workdir / outdir.CACHE, image=image)
+    # where `bisect status`, `log` and `report` look when run inside the clone
+    state_dir = repo / ".git" / STATE_SUBDIR
     from bisect_tool import recipe as recipe_mod
     from bisect_tool import run
-    from bisect_tool.progress import PlainLines
+    from bisect_tool.cli.common import watching
     from bisect_tool.request import StartRequest
 
     recipe = recipe_mod.load(str(recipe_path))
@@ -114,7 +111,9 @@ def _run(
             *(("--no-narrow",) if lifetimes_only else ()),
         ),
     )
-    outcome = run.start(request, PlainLines(lifetimes=False))
+    # a live line on a terminal, plain lines in a log (as `bisect start` shows its progress)
+    with watching(quiet=False, verbose=False) as observer:
+        outcome = run.start(request, observer)
     if not outcome.answered:  # the report below says what was seen
         click.echo(f"bisect: stopped without an answer ({outcome.state}): {outcome.message}",
                    err=True)
@@ -126,7 +125,7 @@ def _run(
     narrow_runs = [o for o in contents.observations if o.get("tier") == "narrow"]
     observations = [o for o in contents.observations if o.get("tier") != "narrow"]
     breakdown = _breakdown(observations, wall)
-    report_path, plot_path, markdown = _write_report(journal_path, out)
+    report_path, plot_path, _ = _write_report(journal_path, out)
     if as_json:
         click.echo(
             json.dumps(
@@ -138,6 +137,8 @@ def _run(
                     "p_estimate": summary.get("p_estimate"),
                     "p_interval": summary.get("p_interval"),
                     "report": str(report_path),
+                    "state_dir": str(state_dir.absolute()),
+                    "recipe": str(recipe_path.absolute()),
                     "plot": str(plot_path) if plot_path else None,
                     "evaluations": len({o["commit"] for o in observations}),
                     "lifetimes": len(observations),
@@ -151,9 +152,9 @@ def _run(
             )
         )
         return summary.get("flip_commit") == history.planted_commit
-    click.echo(markdown)
+    # The report is a file (its path is in the summary), not 175 lines scrolling the summary
+    # away; the summary comes last.
     found = summary.get("flip_commit") == history.planted_commit
-    click.echo(f"\nplanted fix: {history.planted_commit} -> {'found' if found else 'NOT found'}")
     # Summed over lifetimes; with lifetimes in parallel the sum exceeds the wall time, so the
     # rest is only shown when it is what the serial loop spent outside lifetimes.
     rest = (f", search and the rest {breakdown['other_s']:.1f}s" if breakdown["other_s"] >= 0
@@ -175,15 +176,29 @@ def _run(
                 p_estimate=summary.get("p_estimate"),
                 p_interval=(float(interval[0]), float(interval[1])) if interval else None,
                 lifetimes=len(observations),
+                inconclusive=sum(o.get("verdict") not in ("clean", "divergent")
+                                 for o in observations),
                 wall_s=wall,
-                report_path=report_path,
-                plot_path=plot_path,
+                report_path=_shown(report_path),
+                plot_path=_shown(plot_path) if plot_path else None,
                 narrow_runs=len(narrow_runs),
+                history=_shown(repo),
+                recipe=_shown(recipe_path),
+                good=history.good_tag,
+                bad=history.bad_tag,
             )
         ),
         nl=False,
     )
     return found
+
+
+def _shown(path: Path) -> str:
+    """A path as the summary shows it: relative to the current folder when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
 
 
 def _write_report(journal_path: Path, out: Path) -> tuple[Path, Path | None, str]:
