@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from bisect_tool.events import (
@@ -13,8 +15,10 @@ from bisect_tool.events import (
     LifetimeEnded,
     LifetimeStarted,
     Note,
+    Observer,
     PosteriorMoved,
     RunStarted,
+    ignore,
 )
 from bisect_tool.values import percent, short
 
@@ -208,3 +212,16 @@ class LiveView:
                 + f" | {self._status}"
             )
         return Text(text, no_wrap=True, overflow="ellipsis")
+
+
+@contextlib.contextmanager
+def watching(quiet: bool, verbose: bool) -> Iterator[Observer]:
+    """How a run's progress is shown: a live view on a terminal (the stream it draws on,
+    stderr), plain lines otherwise (or with -v), nothing with -q."""
+    if quiet:
+        yield ignore
+    elif verbose or not sys.stderr.isatty():
+        yield PlainLines(lifetimes=verbose)
+    else:
+        with LiveView() as view:
+            yield view

@@ -3,19 +3,16 @@ options, the state dir's lock, how progress is shown, and how a run's outcome is
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shlex
-import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
 
 from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import NoAnswer, RangeError, StateDirUnusable
-from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.recipe import Recipe
 from bisect_tool.run import Outcome
@@ -169,22 +166,6 @@ def run_options(fn: Callable[..., None]) -> Callable[..., None]:
     """What every command that runs lifetimes takes and holds: -q/-v, --repo, --state-dir, and
     the state dir's lock while it runs."""
     return progress_options(repo_option(state_option(state_locked()(fn))))
-
-
-@contextlib.contextmanager
-def watching(quiet: bool, verbose: bool) -> Iterator[Observer]:
-    """How a run's progress is shown: a live view on a terminal, plain lines otherwise (or
-    with -v), nothing with -q."""
-    from bisect_tool.events import ignore
-    from bisect_tool.progress import LiveView, PlainLines
-
-    if quiet:
-        yield ignore
-    elif verbose or not sys.stderr.isatty():
-        yield PlainLines(lifetimes=verbose)
-    else:
-        with LiveView() as view:
-            yield view
 
 
 def print_outcome(outcome: Outcome, journal: Path | None = None) -> None:

@@ -15,12 +15,12 @@ from bisect_tool.cli.common import (
     gpu_list,
     run_options,
     state_dir_of,
-    watching,
     with_flags,
 )
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import NoAnswer
 from bisect_tool.events import Observer
+from bisect_tool.progress import watching
 from bisect_tool.values import percent
 
 

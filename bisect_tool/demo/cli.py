@@ -93,7 +93,7 @@ def _run(
     state_dir = repo / ".git" / STATE_SUBDIR
     from bisect_tool import recipe as recipe_mod
     from bisect_tool import run
-    from bisect_tool.cli.common import watching
+    from bisect_tool.progress import watching
     from bisect_tool.request import StartRequest
 
     recipe = recipe_mod.load(str(recipe_path))

@@ -24,6 +24,7 @@ from bisect_tool.report.details import (
     lifetime_order,
     run_and_recipe,
     seen_words,
+    tool_source,
     version_words,
 )
 from bisect_tool.report.names import commit_entry, name
@@ -120,7 +121,10 @@ def build_locate_report(contents: JournalContents,
     for lt in lifetimes:
         lt["cell"] = names.get(cell_of.get(str(lt["lifetime_id"]), ""), "?")
     recipe_arg = reproduce.recipe_arg(recipe, bundled_recipe)
-    reported = recipe.get("reported") or (bundled_recipe or {}).get("reported")
+    reported, reported_changed = environment.reported_setup(recipe, bundled_recipe)
+    differences = environment.differences(env, recipe, reported)
+    if differences is not None:
+        differences["reported_changed"] = reported_changed
     return {
         "kind": "locate",
         "session": header.get("session"),
@@ -144,10 +148,10 @@ def build_locate_report(contents: JournalContents,
         "next": _next(finding, header, good, bad, recipe_arg, cells),
         "controls": controls_facts(contents, commits, recipe, good),
         "environment": env,
-        "environment_block": environment.block(env, recipe, []),
+        "environment_block": environment.block(env, recipe, [], lifetimes),
         "held_fixed": _held_fixed(env),
         "python_dirs": bool(header.get("python_dirs")),
-        "differences": environment.differences(env, recipe, reported),
+        "differences": differences,
         "reproduce": {
             "command": reproduce.command(header.get("command"), recipe, bundled_recipe),
             "recipe_file": recipe_arg, "recipe_name": recipe.get("name"),
@@ -202,9 +206,10 @@ def render_locate_markdown(r: Mapping[str, Any]) -> str:
     if diff and (known or unknown):
         lines.append(f"- Not as reported in {esc(diff['issue'])}: "
                      f"{', '.join(known) or 'nothing known'}"
-                     + (f"; not recorded by this run: {', '.join(unknown)}" if unknown else "")
+                     + (f"; not recorded or not checked by this run: {', '.join(unknown)}"
+                        if unknown else "")
                      + " (see Environment)")
-    lines += ["", "### Cells", ""]
+    lines += ["", *environment.reported_warning(diff), "### Cells", ""]
     rows = []
     for c in r["cells"]:
         rows.append([c["name"], code(c["python"]), code(c["compiled"]), str(c["lifetimes"]),
@@ -283,8 +288,8 @@ def render_locate_markdown(r: Mapping[str, Any]) -> str:
                        [[w if w.startswith("`") else esc(w), esc(a), esc(b)]
                         for w, a, b in diff["rows"]])
     rp = r["reproduce"]
-    body = run_and_recipe("The locate", rp)
-    body.append(f"<sub>session {esc(r.get('session') or '?')}</sub>")
+    # the session id is the JSON's: a pasted report names nothing of the machine that ran it
+    body = [tool_source(r), "", *run_and_recipe("The locate", rp)]
     lines += ["", *details(f"Reproduce ({version_words(r)})", body)]
     return "\n".join(lines).rstrip() + "\n"
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.cause import one_line
+from bisect_tool.report import causes
 from bisect_tool.report import details as details_mod
-from bisect_tool.report.environment import short_list
+from bisect_tool.report.environment import reported_warning, short_list
 from bisect_tool.report.names import short_ref
 from bisect_tool.report.text import cell, code, esc, plural, ref, table
 from bisect_tool.values import percent, rate_text
@@ -104,6 +105,16 @@ def _state_lines(report: Mapping[str, Any]) -> list[str]:
         problem = (report.get("controls") or {}).get("problem") or "a control did not hold"
         return [f"**Controls failed**: {esc(problem.rstrip('.'))}. CLEAN results are not "
                 f"trusted, so no {a['noun']} is named."]
+    only = causes.only_cause(report.get("causes") or [], _ran(report))
+    if only is not None and state in ("end_untestable", "no_candidate_left"):
+        # every candidate tried stopped on one cause: not the ends' fault (issue 41)
+        count = len(only["names"])
+        what = (f"the pinned stack's gate refused their {code(only['gate']['file'] or '')}"
+                if only.get("gate") else esc(only["cause"]))
+        return [f"**Nothing could run**: {'all ' if count > 1 else ''}"
+                f"{plural(count, 'candidate')} tried stopped on one cause, {what}, so no "
+                f"{a['noun']} is named and other ends would not help. Next: "
+                f"{esc(only['advice'])}."]
     if state == "end_untestable":
         return [f"**An end is untestable**{reason}."]
     words = {"budget_exhausted": "Inconclusive: budget exhausted",
@@ -111,6 +122,11 @@ def _state_lines(report: Mapping[str, Any]) -> list[str]:
              "running": "Still running"}.get(state, f"Stopped ({esc(state)})")
     return [f"**{words}** after {a['evaluations']} lifetimes{reason}; the 90% credible set is "
             f"{credible}. Best guess so far:", "", *_answer_line(report)]
+
+
+def _ran(report: Mapping[str, Any]) -> int:
+    """How many candidates a lifetime (or run) said something of."""
+    return sum(1 for r in report["tested"] if r["divergent"] or r["clean"])
 
 
 def _how_sure_line(report: Mapping[str, Any]) -> str | None:
@@ -168,7 +184,7 @@ def _differs_line(report: Mapping[str, Any]) -> str | None:
         return None
     line = f"- Not as reported in {esc(diff['issue'])}: {', '.join(known) or 'nothing known'}"
     if unknown:
-        line += f"; not recorded by this run: {', '.join(unknown)}"
+        line += f"; not recorded or not checked by this run: {', '.join(unknown)}"
     return line + " (see Environment)"
 
 
@@ -183,7 +199,8 @@ def _top(report: Mapping[str, Any]) -> list[str]:
              if report.get("run_command") else None)  # a recipe's probe is in the words above
     bullets = [_searched_line(report), probe, _how_sure_line(report), _next_line(report),
                _differs_line(report)]
-    return [*lines, "", *(b for b in bullets if b), ""]
+    return [*lines, "", *(b for b in bullets if b), "",
+            *reported_warning(report.get("differences"))]
 
 
 def _rate(name: str, what: str, rate: Mapping[str, Any], prior: str, behind: str) -> list[str]:

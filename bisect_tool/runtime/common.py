@@ -100,6 +100,26 @@ def likely_cause(log_tail: str, limit: int = 200) -> str:
     return found if len(found) <= limit else found[: limit - 3] + "..."
 
 
+#: vLLM names the attention backend it chose once per process at boot: "Using FLASH_ATTN attention
+#: backend out of potential backends: ['FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION']."
+#: (vllm/platforms/cuda.py, get_attn_backend_cls; seen on the H100, docs/bench/
+#: gpu-2026-12-07-h100/record.tgz); older V1 engines said "Using Flash Attention backend on V1
+#: engine."
+_ATTENTION_BACKEND = (
+    re.compile(r"Using (\w+) attention backend out of potential backends"),
+    re.compile(r"Using ([\w ]+?) backend on V1 engine"),
+)
+
+
+def attention_backend(log_text: str) -> str | None:
+    """The attention backend a vLLM server's log says it chose (the last one named), if any."""
+    for pattern in _ATTENTION_BACKEND:
+        found = pattern.findall(log_text)
+        if found:
+            return str(found[-1]).strip()
+    return None
+
+
 def boot_failed(lifetime_id: str, why: str, log_tail: str) -> BootFailed:
     shown = log_tail.strip() or "(empty log)"
     return BootFailed(f"lifetime {lifetime_id}: {why}; log tail:\n{shown}")
