@@ -105,3 +105,55 @@ def test_malformed_recipes_give_one_line_errors(tmp_path: Path, text: str, fragm
 def test_unknown_recipe_name_lists_the_bundled_ones() -> None:
     with pytest.raises(RecipeError, match="bundled recipes: batch-invariance, batch-invariance-op"):
         recipe.load("batch-invariant")
+
+
+# -- TOML written with tomlkit, not regexes (issue 41) --------------------------------------
+
+
+def test_the_demo_recipe_is_completed_as_toml_and_keeps_the_bundled_files_comments(
+    tmp_path: Path,
+) -> None:
+    import tomllib
+
+    from bisect_tool.demo import pinned
+    from bisect_tool.demo.cli import write_recipe
+
+    bundled = (recipe.BUNDLED_DIR / "demo.toml").read_text()
+    written = write_recipe(tmp_path / "r.toml", tmp_path / "cache", image="img:1").read_text()
+    comments = [line for line in bundled.splitlines() if line.lstrip().startswith("#")]
+    assert comments and all(c in written.splitlines() for c in comments)
+    data = tomllib.loads(written)
+    assert data["artifacts"]["cache_dir"] == str(tmp_path / "cache")
+    assert data["runtime"]["pinned_package_dir"] == str(pinned.STACK_DIR)
+    assert (data["runtime"]["backend"], data["runtime"]["image"], data["runtime"]["gpus"]) == (
+        "docker", "img:1", [])
+    # nothing else changed
+    before = tomllib.loads(bundled)
+    for section in before:
+        if isinstance(before[section], dict):
+            for key, value in before[section].items():
+                if (section, key) not in {("runtime", "backend"), ("runtime", "gpus"),
+                                          ("runtime", "pinned_package_dir")}:
+                    assert data[section][key] == value, (section, key)
+
+
+def test_the_reports_changed_values_are_toml_a_recipe_can_hold() -> None:
+    import tomllib
+
+    from bisect_tool.report import reproduce
+
+    bundled = recipe.load("batch-invariance").to_dict()
+    mine = recipe.load("batch-invariance").to_dict()
+    mine["runtime"] = {**mine["runtime"], "env": {"VLLM_BATCH_INVARIANT": "1", "X": 'a"b'},
+                       "server_args": ["--dtype", "float16"], "lifetimes_per_gpu": 2}
+    mine["probe"] = {**mine["probe"], "narrow": "", "jitter_ms": 12.5}
+    lines, _ = reproduce.changes(mine, bundled)
+    text = "\n".join(f"[{s}]\n{line}" for s, line in lines)
+    # a section's lines in one table each, as the report writes them
+    parsed: dict[str, dict[str, object]] = {}
+    for section, line in lines:
+        parsed.setdefault(section, {}).update(tomllib.loads(line))
+    assert parsed["runtime"]["env"] == {"VLLM_BATCH_INVARIANT": "1", "X": 'a"b'}, text
+    assert parsed["runtime"]["server_args"] == ["--dtype", "float16"]
+    assert parsed["runtime"]["lifetimes_per_gpu"] == 2
+    assert parsed["probe"] == {"narrow": "", "jitter_ms": 12.5}

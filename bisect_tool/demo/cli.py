@@ -14,7 +14,6 @@ derived once from the offline ``bisect-base:bookworm`` with the pinned stack ins
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
@@ -237,20 +236,23 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "d
 
     if name not in DEMO_RECIPES:
         raise UsageError(f"no demo recipe {name!r}; the demo has {', '.join(DEMO_RECIPES)}")
-    text = recipe_mod.find(name).read_text()
-    text = re.sub(
-        r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text
-    )
-    text = re.sub(r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{cache_dir}"', text, count=1)
+    import tomlkit
+
+    # edited as TOML (tomlkit: the bundled file's comments stay), not as lines of text
+    doc = tomlkit.parse(recipe_mod.find(name).read_text())
+    runtime, artifacts = doc["runtime"], doc["artifacts"]
+    assert isinstance(runtime, dict) and isinstance(artifacts, dict)
+    runtime["pinned_package_dir"] = str(pinned.STACK_DIR)
+    artifacts["cache_dir"] = str(cache_dir)
     if image:
-        text, n = re.subn(
-            r'(?m)^backend = "local"', f'backend = "docker"\nimage = "{image}"', text, count=1
-        )
-        if n != 1:
-            raise UsageError(f"the bundled {name} recipe has no [runtime] backend line to switch")
+        if runtime.get("backend") != "local":
+            raise UsageError(f"the bundled {name} recipe has no [runtime] backend to switch")
+        runtime["backend"] = "docker"
+        runtime["image"] = image
         # The recipe's "GPU" ids only bound how many local lifetimes run at once; Docker would
         # ask its (absent) GPU driver for them. Containers run one lifetime at a time.
-        text = re.sub(r"(?m)^gpus = .*$", "gpus = []", text)
+        runtime["gpus"] = []
+    text = tomlkit.dumps(doc)
     path.write_text(text)
     recipe_mod.load(str(path))  # validate before anything starts
     return path

@@ -65,14 +65,21 @@ def command(argv: Any, recipe: Mapping[str, Any], bundled: Mapping[str, Any] | N
 
 
 def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    """A recipe value as TOML writes it (tomlkit), a table inline as one recipe line holds it."""
+    import tomlkit
+
     if isinstance(value, Mapping):
-        inner = ", ".join(f"{k} = {_toml(v)}" for k, v in value.items())
-        return "{ " + inner + " }" if inner else "{}"
+        inline = tomlkit.inline_table()
+        inline.update({str(k): _plain(v) for k, v in value.items()})
+        return inline.as_string()
+    return str(tomlkit.item(_plain(value)).as_string())
+
+
+def _plain(value: Any) -> Any:
+    """JSON's values as TOML's (a journal keeps the recipe's tuples as lists)."""
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(value)
+        return [_plain(v) for v in value]
+    return value
 
 
 def _portable(section: str, key: str, value: Any) -> tuple[Any, bool]:
