@@ -83,8 +83,13 @@ def _write(tmp_path: Path, text: str) -> str:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ('name = "x"\n[probe]\nrepeatz = 5\n', "unknown key 'repeatz' in [probe]"),
-        ('name = "x"\nflavour = 1\n', "unknown key 'flavour' at top level"),
+        ('name = "x"\n[probe]\nrepeatz = 5\n',
+         "unknown key 'repeatz' in [probe] (did you mean 'repeats'?); known: "),
+        ('name = "x"\nflavour = 1\n', "unknown key 'flavour' at top level; known: "),
+        ('name = "x"\n[serch]\nconfidence = 0.9\n',
+         "unknown key 'serch' at top level (did you mean 'search'?)"),
+        ('name = "x"\n[runtime]\nrequests = 3\n',
+         "unknown key 'requests' in [runtime] (it belongs in [probe])"),
         ('name = "x"\n[probe]\nrepeats = "5"\n', "'probe.repeats' must be an integer"),
         ('name = "x"\n[probe]\nrepeats = true\n', "'probe.repeats' must be an integer"),
         ('name = "x"\n[artifacts]\nswap_set = "a.so"\n', "'artifacts.swap_set' must be a list"),
@@ -100,6 +105,15 @@ def test_malformed_recipes_give_one_line_errors(tmp_path: Path, text: str, fragm
         recipe.load(_write(tmp_path, text))
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_misspelt_key_is_one_line_naming_the_fix_and_exit_4(tmp_path: Path) -> None:
+    from gitrepos import run_cli
+
+    path = _write(tmp_path, 'name = "x"\n[probe]\nmax_token = 3\n')
+    code, out, err = run_cli("plan", "--good", "a", "--bad", "b", "--recipe", path)
+    assert code == 4 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "did you mean 'max_tokens'?" in err
 
 
 def test_unknown_recipe_name_lists_the_bundled_ones() -> None:
