@@ -142,7 +142,8 @@ def test_demo_finds_the_planted_fix_and_the_report_matches_the_journal(tmp_path:
     from bisect_tool.report import CAP
 
     md = Path(str(summary["report"])).read_text()
-    assert len(md) < CAP and md.count("<details>") == 1 and md.rstrip().endswith("</details>")
+    # two folds: every lifetime under the evidence (issue 41), and the report's ending
+    assert len(md) < CAP and md.count("<details>") == 2 and md.rstrip().endswith("</details>")
     assert "](posterior.png)" in md and str(tmp_path) not in md and "/tmp/" not in md
     assert "bisect demo" in md  # the reproduce command, not the temp clone's start
     tokens = MarkdownIt("commonmark").enable("table").parse(md)
