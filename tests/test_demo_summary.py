@@ -147,3 +147,15 @@ def test_a_new_demo_removes_only_what_an_earlier_demo_wrote(tmp_path: Path) -> N
     with pytest.raises(UsageError, match="no earlier demo wrote it"):
         outdir.claim(other)
     assert (other / outdir.REPO).is_dir()
+
+
+def test_where_bisect_is_not_on_path_the_summary_says_how_to_put_it_there() -> None:
+    text = format_summary(outcome(history="bisect-demo-out/demo-repo",
+                                  recipe="bisect-demo-out/demo-recipe.toml",
+                                  activate=".venv/bin/activate"))
+    lines = text.rstrip().splitlines()
+    first = next(i for i, x in enumerate(lines) if x.lstrip().startswith("first "))
+    look = next(i for i, x in enumerate(lines) if "bisect status" in x)
+    assert first < look
+    assert lines[first].endswith(". .venv/bin/activate   (puts bisect on your PATH)")
+    assert "first " not in format_summary(outcome(history="h", recipe="h/../r.toml"))

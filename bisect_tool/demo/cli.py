@@ -185,11 +185,26 @@ def _run(
                 recipe=_shown(recipe_path),
                 good=history.good_tag,
                 bad=history.bad_tag,
+                activate=_activate(),
             )
         ),
         nl=False,
     )
     return found
+
+
+def _activate() -> str | None:
+    """The virtualenv's activate script, where `bisect` is not on the reader's PATH (`make demo`
+    runs .venv/bin/bisect; the commands the summary prints say plain `bisect`)."""
+    import shutil
+    import sys
+
+    here = Path(sys.prefix) / "bin"
+    found = shutil.which("bisect")
+    if sys.prefix == sys.base_prefix or (found and Path(found).parent.resolve() == here.resolve()):
+        return None
+    script = here / "activate"
+    return _shown(script) if script.is_file() else None
 
 
 def _shown(path: Path) -> str:

@@ -37,6 +37,7 @@ class DemoOutcome:
     recipe: str | None = None  # the completed demo recipe the run used
     good: str = "v0.27.0"  # the ends, as the run was given them
     bad: str = "v0.26.0"
+    activate: str | None = None  # the virtualenv's activate script, where bisect is not on PATH
 
 
 def format_summary(outcome: DemoOutcome) -> str:
@@ -75,8 +76,10 @@ def format_summary(outcome: DemoOutcome) -> str:
         here = f"cd {o.history} && "
         recipe = o.recipe or "demo-recipe.toml"
         ends = f"--good {o.good} --bad {o.bad} --recipe {_from_clone(recipe, o.history)}"
+        rows.append(("history", f"{o.history} (its session in .git/bisect-tool)"))
+        if o.activate:
+            rows.append(("first", f". {o.activate}   (puts bisect on your PATH)"))
         rows += [
-            ("history", f"{o.history} (its session in .git/bisect-tool)"),
             ("look at it", f"{here}bisect status   (or bisect log, bisect report)"),
             ("by hand", f"{here}bisect plan {ends}"),
             ("", f"then `bisect reset` and `bisect start {ends}` (a new session)"),
