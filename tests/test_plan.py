@@ -364,3 +364,36 @@ def test_plan_says_which_candidates_have_a_wheel_which_need_a_build_and_the_byte
     assert f"for {len(published)} candidate(s)" in fetch_line
     assert f"{member / 1000:.1f} KB of swap-set members" in fetch_line
     assert f"an estimate: read from the wheel of {published[0][:12]}" in fetch_line
+
+
+def test_plan_run_inside_a_clone_checks_the_pinned_stack_not_the_clones_package(
+    tmp_path: Path, history: DemoHistory, demo: tuple[Path, list[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 41: `bisect plan` asked the pinned interpreter from the caller's folder, so inside a
+    clone (`python -c` puts the cwd first on sys.path) it found the clone's own uncompiled
+    package and said "ready" where `start` then failed. It asks as the runtime does."""
+    from bisect_tool import preflight
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.runtime.environment import environment_facts
+
+    recipe_path, _, _ = demo
+    clone = tmp_path / "clone"
+    (clone / "demollm").mkdir(parents=True)
+    (clone / "demollm" / "__init__.py").write_text("# the clone's sources: nothing compiled\n")
+    (clone / "demollm-9.9.dist-info").mkdir()
+    (clone / "demollm-9.9.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: demollm\nVersion: 9.9\n")
+    monkeypatch.chdir(clone)
+    recipe = recipe_mod.load(str(recipe_path))
+    stack = next(c for c in preflight.environment(recipe) if c.name == "pinned stack")
+    assert stack.ok and str(pinned.STACK_DIR) in stack.detail, stack.line()
+    assert str(clone) not in stack.detail, stack.line()
+    # the report's environment block asks the same way: not the clone's version
+    assert environment_facts(recipe).get("pinned_version") != "9.9"
+    code, out, err = run_cli("plan", "--good", history.good_tag, "--bad", history.bad_tag,
+                             "--recipe", str(recipe_path), "--repo", str(history.repo),
+                             "--state-dir", str(tmp_path / "state"))
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.strip().startswith("pinned stack"))
+    assert str(clone) not in line and str(pinned.STACK_DIR) in line, line

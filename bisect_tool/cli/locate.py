@@ -15,12 +15,13 @@ from bisect_tool.cli.common import (
     gpu_list,
     run_options,
     state_dir_of,
-    watching,
     with_flags,
 )
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import NoAnswer
 from bisect_tool.events import Observer
+from bisect_tool.progress import watching
+from bisect_tool.values import percent
 
 
 def locate_before_bisect(
@@ -42,7 +43,7 @@ def locate_before_bisect(
     finding = outcome.finding
     if not finding.decided or finding.explanation is not Explanation.COMPILED:
         raise NoAnswer(
-            f"bisect locate says {finding.explanation} ({finding.probability:.1%}): not "
+            f"bisect locate says {finding.explanation} ({percent(finding.probability)}): not "
             "bisecting the compiled side (see above)"
         )
     click.echo("")
@@ -115,5 +116,5 @@ def locate(
     if not f.decided:
         raise NoAnswer(
             f"no explanation holds the asked confidence ({f.explanation} at "
-            f"{f.probability:.1%}); raise --lifetimes-per-cell or see the cells above"
+            f"{percent(f.probability)}); raise --lifetimes-per-cell or see the cells above"
         )
