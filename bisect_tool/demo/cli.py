@@ -302,6 +302,7 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "d
         # ask its (absent) GPU driver for them. Containers run one lifetime at a time.
         runtime["gpus"] = []
     text = tomlkit.dumps(doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     recipe_mod.load(str(path))  # validate before anything starts
     return path
