@@ -178,9 +178,11 @@ def end_leftovers(
 ) -> int:
     """End what a killed run left running (probe process groups, worktrees); say how many."""
     from bisect_tool.children import end_all
+    from bisect_tool.statedir import copied_from
     from bisect_tool.worktrees import remove_stale_worktrees
 
-    ended = end_all(state_dir, session_id)
+    # a copy of a live state dir (`cp -a`) records the live run's processes, not its own
+    ended = 0 if copied_from(state_dir) else end_all(state_dir, session_id)
     if ended:
         observer(Note(f"ended {ended} process group(s) left running by a killed run"))
     if repo is not None:  # a release-level run without a clone has no worktrees

@@ -40,18 +40,11 @@ class Holder:
 
 
 def ensure_dir(state_dir: Path) -> None:
-    """Create the state dir, or say in one line why it cannot be (a file, no permission)."""
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise StateDirUnusable(
-            f"--state-dir {state_dir} is a file, not a folder; pass a folder you can write"
-        ) from None
-    except OSError as exc:
-        raise StateDirUnusable(
-            f"cannot create the state dir {state_dir} ({exc.strerror or exc}); "
-            "pass --state-dir PATH to a folder you can write"
-        ) from None
+    """Create the state dir (marked as the tool's: ``statedir.make``), or say in one line why
+    it cannot be (a file, no permission)."""
+    from bisect_tool import statedir
+
+    statedir.make(state_dir)
     if not state_dir.is_dir():
         raise StateDirUnusable(
             f"--state-dir {state_dir} is not a folder; pass a folder you can write"

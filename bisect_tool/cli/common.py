@@ -32,6 +32,9 @@ def state_dir_of(repo: Path, state_dir: Path | None, *, releases: bool = False) 
             raise StateDirUnusable(
                 f"--state-dir {state_dir} is a file, not a folder; pass a folder you can write"
             )
+        from bisect_tool.statedir import check_location
+
+        check_location(state_dir)  # not among git's own files (issue 38: broken refs)
         return state_dir
     from bisect_tool.statedir import STATE_SUBDIR, find_clone
 

@@ -1,0 +1,218 @@
+"""Issue 38, data loss: the state dir is the tool's only where it can prove it, and the files in it
+(journals, the previous session's too) are never lost to a command of its own.
+
+Each case is what a user would type; each asserts what the user would check afterwards: their
+files still there, the one line on stderr, the exit status. docs/reliability.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from gitrepos import Repo, linear, run_cli, write_probe
+
+from bisect_tool import journal as journal_mod
+from bisect_tool import statedir
+from bisect_tool.errors import ResetRefused, StateDirUnusable
+from bisect_tool.runtime.local import _pids_with_env
+
+N = 16
+FLIP = 11
+PROBE = f'[ "$(cat f)" -lt {FLIP} ]'
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+    return linear(tmp_path_factory.mktemp("statedir") / "repo", N, tag_every=4)
+
+
+def start(repo: Repo, state: Path | None, *extra: str) -> tuple[int, str, str]:
+    where = ["--state-dir", str(state)] if state is not None else []
+    return run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0", "--repo", str(repo.path),
+                   "-q", *where, *extra)
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    assert lines and lines[-1].startswith("bisect: "), err
+    return lines[-1]
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+# ---- reset: only a folder the tool can prove it made ------------------------------------------
+
+
+def test_reset_of_dot_in_a_project_keeps_its_own_logs(
+    repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cd proj && bisect reset --state-dir .` printed "removed ." and wiped the user's logs/:
+    every name in proj was one the tool uses, and nothing more was asked."""
+    proj = tmp_path / "proj"
+    (proj / "logs").mkdir(parents=True)
+    (proj / "logs" / "app.log").write_text("a week of my service's logs")
+    (proj / "children").mkdir()
+    (proj / "lock").write_bytes(b"")
+    before = tree(proj)
+    monkeypatch.chdir(proj)
+    code, out, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", ".")
+    assert code == ResetRefused.exit_code, out + err
+    line = one_line(err)
+    assert "is not marked as a bisect state dir and holds no bisect journal" in line
+    assert "reset deletes nothing" in line
+    assert tree(proj) == before and (proj / "children").is_dir()
+
+
+def test_a_state_dir_the_tool_creates_is_marked_and_reset_removes_it(
+    repo: Repo, tmp_path: Path
+) -> None:
+    state = tmp_path / "a" / "st"
+    code, _, err = start(repo, state, "--run", PROBE)
+    assert code == 0, err
+    mark = statedir.read_marker(state)
+    assert mark is not None and mark.inode == state.stat().st_ino
+    assert json.loads((state / statedir.MARKER_NAME).read_text())["tool"] == "bisect"
+    # without its journal, the mark alone proves it
+    (state / "journal.jsonl").unlink()
+    code, out, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err
+    assert f"removed {state}" in out and not state.exists() and (tmp_path / "a").is_dir()
+
+
+def test_an_existing_folder_is_not_marked(repo: Repo, tmp_path: Path) -> None:
+    """A folder that was there before holds what the user put there: the tool never claims it."""
+    state = tmp_path / "mine"
+    state.mkdir()
+    code, _, err = start(repo, state, "--run", PROBE)
+    assert code == 0, err
+    assert statedir.read_marker(state) is None
+    # its journal proves the session (a state dir made before the mark existed is the same)
+    code, out, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err and not state.exists()
+
+
+def test_a_state_dir_made_before_the_mark_is_still_reset(repo: Repo, tmp_path: Path) -> None:
+    state = tmp_path / "old"
+    code, _, err = start(repo, state, "--run", PROBE)
+    assert code == 0, err
+    (state / statedir.MARKER_NAME).unlink()  # as an older bisect left it: a journal, logs/
+    code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err
+    assert not state.exists()
+    # an unmarked folder of the tool's names with no journal proves nothing
+    (state / "logs").mkdir(parents=True)
+    (state / "lock").write_bytes(b"")
+    code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == ResetRefused.exit_code and "reset deletes nothing" in one_line(err)
+    assert (state / "logs").is_dir()
+
+
+def test_the_default_state_dir_is_the_tools_by_its_place(tmp_path: Path) -> None:
+    """`<git dir>/bisect-tool` is the tool's by name: an older run's leftovers there (a lock and
+    logs/, no journal, no mark) are still removed."""
+    clone = linear(tmp_path / "clone", N, tag_every=4)
+    state = clone.path / ".git" / "bisect-tool"
+    (state / "logs").mkdir(parents=True)
+    (state / "lock").write_bytes(b"")
+    code, out, err = run_cli("reset", "--repo", str(clone.path))
+    assert code == 0, err
+    assert not state.exists() and (clone.path / ".git" / "HEAD").is_file()
+
+
+def _live_run(repo: Repo, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, str]:
+    record = tmp_path / "record.txt"
+    command = write_probe(tmp_path / "probe.py", flip=FLIP, record=record)
+    state = tmp_path / "st"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
+         "--run", command, "--repo", str(repo.path), "--state-dir", str(state)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PROBE_SLEEP": "60"},
+    )
+    deadline = time.monotonic() + 60
+    while not (record.exists() and record.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    session = str(journal_mod.read(state / "journal.jsonl").header["session"])
+    return proc, state, session
+
+
+def test_reset_of_a_copy_of_a_live_state_dir_leaves_the_live_probe_alone(
+    repo: Repo, tmp_path: Path
+) -> None:
+    proc, state, session = _live_run(repo, tmp_path)
+    try:
+        probes = _pids_with_env("BISECT_SESSION", session)
+        assert probes
+        copy = tmp_path / "copy"
+        subprocess.run(["cp", "-a", str(state), str(copy)], check=True)
+        assert (copy / "children").is_dir() and any((copy / "children").iterdir())
+        code, out, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(copy))
+        assert code == 0, err
+        assert f"removed {copy}" in out and "is a copy of another state dir" in err
+        assert not copy.exists()
+        assert proc.poll() is None
+        assert all(Path(f"/proc/{p}").exists() for p in probes), "the live run's probe was killed"
+        assert _pids_with_env("BISECT_SESSION", session) == probes
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    code, out, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err
+
+
+# ---- not among git's own files ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inside", [".git", ".git/refs/bisect", ".git/logs/st", ".git/x/y"])
+def test_a_state_dir_inside_the_git_dir_is_refused(tmp_path: Path, inside: str) -> None:
+    clone = linear(tmp_path / "clone", N, tag_every=4)
+    before = tree(clone.path / ".git")
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0", "--run", PROBE,
+                           "--repo", str(clone.path), "--state-dir", str(clone.path / inside))
+    assert code == StateDirUnusable.exit_code, err
+    assert "is inside the git dir" in one_line(err) and "leave --state-dir out" in one_line(err)
+    assert tree(clone.path / ".git") == before
+    fsck = subprocess.run(["git", "-C", str(clone.path), "for-each-ref"], capture_output=True,
+                          text=True, check=True)
+    assert "broken" not in fsck.stderr and "ignoring" not in fsck.stderr
+    # the tool's own place there, and any folder under it, is fine
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0", "--run", PROBE,
+                           "--repo", str(clone.path), "-q",
+                           "--state-dir", str(clone.path / ".git" / "bisect-tool" / "two"))
+    assert code == 0, err
+
+
+def test_the_linked_worktrees_own_place_is_fine(repo: Repo, tmp_path: Path) -> None:
+    clone = linear(tmp_path / "clone", N, tag_every=4)
+    linked = tmp_path / "linked"
+    clone.git("worktree", "add", "-q", str(linked), "HEAD")
+    own = clone.path / ".git" / "worktrees" / "linked" / "bisect-tool"
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0", "--run", PROBE,
+                           "--repo", str(linked), "-q", "--state-dir", str(own))
+    assert code == 0, err
+    code, _, err = run_cli("status", "--repo", str(linked), "--state-dir",
+                           str(clone.path / ".git" / "worktrees" / "linked"))
+    assert code == StateDirUnusable.exit_code and "is inside the git dir" in one_line(err)
+
+
+def test_a_mark_of_another_program_proves_nothing(repo: Repo, tmp_path: Path) -> None:
+    state = tmp_path / "st"
+    (state / "logs").mkdir(parents=True)
+    (state / statedir.MARKER_NAME).write_text('{"tool": "other", "id": "x"}')
+    assert statedir.read_marker(state) is None and not statedir.copied_from(state)
+    before = tree(state)
+    code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == ResetRefused.exit_code and "is not the marker bisect writes" in one_line(err)
+    assert tree(state) == before
