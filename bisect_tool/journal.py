@@ -76,26 +76,30 @@ class Journal:
             self._file = None
 
     def _repair_torn_tail(self) -> None:
-        """Cut a torn last line so the next entry starts on a fresh line. A last line that
-        ends in a newline but does not parse (a crash can leave zeros) is cut too: ``read``
-        tolerates it only as the last line, so it must not become a middle one."""
+        """Make the next entry start on a fresh line. A last line that does not parse (torn
+        by a crash mid-write; or ending in a newline but holding zeros) is cut: ``read``
+        tolerates it only as the last line, so it must not become a middle one. A last line
+        that parses but lacks its newline is whole, and is kept: an editor saves a file so
+        when the user follows the tool's own advice to "fix or remove that line" (issue 38:
+        it was cut, and a valid entry lost)."""
         if not self.path.exists():
             return
         data = self.path.read_bytes()
         body = data.rstrip(b"\n")
         start = body.rfind(b"\n") + 1
-        torn = bool(data) and not data.endswith(b"\n")
-        if not torn and body:
-            try:
-                json.loads(body[start:])
-            except ValueError:
-                torn = True
-        if torn:
-            cut = start
-            with open(self.path, "r+b") as fh:
-                fh.truncate(cut)
-                fh.flush()
-                os.fsync(fh.fileno())
+        if not body[start:].strip():
+            return
+        whole = _parses(body[start:])
+        if whole and data.endswith(b"\n"):
+            return
+        with open(self.path, "r+b") as fh:
+            if whole:  # only its newline is missing
+                fh.seek(0, os.SEEK_END)
+                fh.write(b"\n")
+            else:
+                fh.truncate(start)
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         if self._file is None:
@@ -118,6 +122,14 @@ class Journal:
         os.fsync(self._file.fileno())
         self._seq += 1
         return written
+
+
+def _parses(line: bytes) -> bool:
+    """Whether ``line`` is a whole entry: a JSON object (a torn prefix of one never parses)."""
+    try:
+        return isinstance(json.loads(line.decode("utf-8")), dict)
+    except ValueError:
+        return False
 
 
 def _lost(path: Path, file: Any, line: str) -> JournalLost:
