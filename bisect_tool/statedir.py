@@ -175,6 +175,44 @@ def check_location(path: Path) -> None:
     )
 
 
+def looks_like_state_dir(folder: Path) -> bool:
+    """Whether ``folder`` is a bisect state dir by what is in it or its name (its mark, a lock,
+    ``bisect-tool``): a folder of journals and their reports (docs/h200) is not one."""
+    from bisect_tool.statelock import LOCK_NAME
+
+    return folder.name == STATE_SUBDIR or read_marker(folder) is not None or (
+        (folder / LOCK_NAME).is_file() and not (folder / LOCK_NAME).is_symlink())
+
+
+def check_output(target: Path, flag: str, journal: Path, state_dir: Path | None) -> None:
+    """Refuse (one line) to write a report or a plot onto a bisect journal (``journal`` or any
+    other) or anywhere inside ``state_dir``: `bisect report -o journal.jsonl` overwrote the
+    journal with exit 0 (issue 38)."""
+    from bisect_tool.errors import UsageError
+
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return a.exists() and b.exists() and os.path.samefile(a, b)
+        except OSError:
+            return False
+
+    fix = f"give {flag} a file outside the state dir"
+    if same(target, journal) or (target.is_file() and _is_journal(target)):
+        raise UsageError(
+            f"{flag} {target} is a bisect journal; writing there would destroy it; {fix}"
+        )
+    if state_dir is None:
+        return
+    where = Path(os.path.abspath(target))
+    where = where.parent.resolve() / where.name
+    home = state_dir.resolve()
+    if home in where.parents or where == home:
+        raise UsageError(
+            f"{flag} {target} is inside the state dir {state_dir}, which holds only what "
+            f"bisect writes there; {fix}"
+        )
+
+
 def _journal_names() -> tuple[str, ...]:
     from bisect_tool.handover import HANDOVER_NAME, RELEASES_NAME
     from bisect_tool.journal import JOURNAL_NAME

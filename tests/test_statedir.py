@@ -20,7 +20,7 @@ from gitrepos import Repo, linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
 from bisect_tool import statedir
-from bisect_tool.errors import ResetRefused, StateDirUnusable
+from bisect_tool.errors import ResetRefused, StateDirUnusable, UsageError
 from bisect_tool.runtime.local import _pids_with_env
 
 N = 16
@@ -99,7 +99,8 @@ def test_an_existing_folder_is_not_marked(repo: Repo, tmp_path: Path) -> None:
     assert statedir.read_marker(state) is None
     # its journal proves the session (a state dir made before the mark existed is the same)
     code, out, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
-    assert code == 0, err and not state.exists()
+    assert code == 0, err
+    assert not state.exists()
 
 
 def test_a_state_dir_made_before_the_mark_is_still_reset(repo: Repo, tmp_path: Path) -> None:
@@ -216,3 +217,44 @@ def test_a_mark_of_another_program_proves_nothing(repo: Repo, tmp_path: Path) ->
     code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
     assert code == ResetRefused.exit_code and "is not the marker bisect writes" in one_line(err)
     assert tree(state) == before
+
+
+# ---- the report never lands on a journal or in the state dir ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished(repo: Repo, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    state = tmp_path_factory.mktemp("finished") / "st"
+    code, _, err = start(repo, state, "--run", PROBE)
+    assert code == 0, err
+    return state
+
+
+@pytest.mark.parametrize("flag", ["-o", "--plot"])
+def test_report_onto_the_journal_or_into_the_state_dir_is_refused(
+    repo: Repo, finished: Path, tmp_path: Path, flag: str
+) -> None:
+    journal = finished / "journal.jsonl"
+    before = tree(finished)
+    copy = tmp_path / "kept.jsonl"
+    copy.write_bytes(journal.read_bytes())
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(journal)
+    for target, argv, says in (
+        (journal, ["--state-dir", str(finished)], "is a bisect journal"),
+        (journal, ["--journal", str(journal)], "is a bisect journal"),
+        (link, ["--state-dir", str(finished)], "is a bisect journal"),
+        (copy, ["--journal", str(copy)], "is a bisect journal"),  # report --journal X -o X
+        (finished / "report.md", ["--state-dir", str(finished)], "is inside the state dir"),
+        (finished / "logs" / "r.md", ["--journal", str(journal)], "is inside the state dir"),
+    ):
+        code, out, err = run_cli("report", "--repo", str(repo.path), *argv, flag, str(target))
+        assert code == UsageError.exit_code, (target, argv, out, err)
+        assert says in one_line(err) and "give" in one_line(err)
+    assert tree(finished) == before
+    assert copy.read_bytes() == journal.read_bytes()
+    # beside it, where the user asked, it is written
+    code, _, err = run_cli("report", "--repo", str(repo.path), "--state-dir", str(finished),
+                           "-o", str(tmp_path / "report.md"))
+    assert code == 0, err
+    assert "first bad commit" in (tmp_path / "report.md").read_text().lower()
