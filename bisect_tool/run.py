@@ -58,7 +58,7 @@ def start(
         from bisect_tool import preflight
 
         preflight.require(request.recipe)
-    path, commit_range = create_journal(request)
+    path, commit_range = create_journal(request, observer)
     try:
         return resume(path, observer, evaluator_factory, _range=commit_range)
     except Interrupted:

@@ -258,3 +258,42 @@ def test_report_onto_the_journal_or_into_the_state_dir_is_refused(
                            "-o", str(tmp_path / "report.md"))
     assert code == 0, err
     assert "first bad commit" in (tmp_path / "report.md").read_text().lower()
+
+
+# ---- a new start keeps the previous session's journal --------------------------------------------
+
+
+def test_a_new_start_keeps_the_previous_finished_journal_and_says_where(
+    repo: Repo, tmp_path: Path
+) -> None:
+    state = tmp_path / "st"
+    sessions = []
+    for n in (1, 2, 3):
+        code, out, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0", "--run", PROBE,
+                                 "--repo", str(repo.path), "--state-dir", str(state))
+        assert code == 0, err
+        sessions.append(journal_mod.read(state / "journal.jsonl").header["session"])
+        if n > 1:
+            kept = state / "archive" / f"journal-{n - 1}.jsonl"
+            assert f"the previous session's journal is kept in {kept}" in err
+    archived = [journal_mod.read(state / "archive" / f"journal-{n}.jsonl") for n in (1, 2)]
+    assert [a.header["session"] for a in archived] == sessions[:2]
+    assert all(a.end is not None and a.observations for a in archived)
+    code, out, err = run_cli("report", "--journal", str(state / "archive" / "journal-1.jsonl"),
+                             "--repo", str(repo.path))
+    assert code == 0 and repo.main[FLIP - 1][:7] in out, err
+    # reset removes them with the rest: they are journals the tool wrote there
+    code, out, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err
+    assert not state.exists()
+
+
+def test_an_archive_with_a_users_file_is_not_reset(repo: Repo, tmp_path: Path) -> None:
+    state = tmp_path / "st"
+    for _ in range(2):
+        code, _, err = start(repo, state, "--run", PROBE)
+        assert code == 0, err
+    (state / "archive" / "notes.txt").write_text("mine")
+    code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == ResetRefused.exit_code and "archive is not the archive" in one_line(err)
+    assert (state / "archive" / "notes.txt").read_text() == "mine"
