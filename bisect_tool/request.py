@@ -10,14 +10,14 @@ resumes that journal: a run is replaying its journal and going on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bisect_tool import entries, session
 from bisect_tool import journal as journal_mod
-from bisect_tool.errors import StateDirUnusable, StateError, UsageError
+from bisect_tool.errors import StateError, UsageError
 from bisect_tool.events import Note, Observer, ignore
 from bisect_tool.range import CommitRange
 from bisect_tool.recipe import Recipe
@@ -80,10 +80,13 @@ def resolve(request: StartRequest) -> tuple[CommitRange, Recipe | None, dict[str
 
 
 def create_journal(
-    request: StartRequest, observer: Observer = ignore
+    request: StartRequest,
+    observer: Observer = ignore,
+    keep: Callable[[Path], Path] | None = None,
 ) -> tuple[Path, CommitRange]:
     """The new journal: the range resolved, its header (and carried entries) written. A
-    finished session's journal is kept in the archive first (``archive_previous``)."""
+    finished session's journal is first moved away by ``keep`` (``statedir.archive_previous``:
+    the run owner passes it), which says where it went; without ``keep`` it is replaced."""
     from bisect_tool.range import remote_url
     from bisect_tool.remote import clone_link_base
 
@@ -102,9 +105,8 @@ def create_journal(
             )
     commit_range, recipe, extra = resolve(request)
     if path.exists():  # a finished bisect; kept until the new range resolved
-        if recorded:
-            kept = archive_previous(path)
-            observer(Note(f"the previous session's journal is kept in {kept}"))
+        if recorded and keep is not None:
+            observer(Note(f"the previous session's journal is kept in {keep(path)}"))
         else:
             path.unlink()  # a header and nothing else
     recipe_dict = session.header_recipe(
@@ -131,34 +133,6 @@ def create_journal(
     if request.carried is not None:
         _carry(path, header, request.carried)
     return path, commit_range
-
-
-def archive_previous(path: Path) -> Path:
-    """Move the finished journal at ``path`` (and the release-level journal it went on from,
-    if any) into the state dir's archive, numbered after the ones there; where it went.
-
-    A new ``start`` deleted the previous session's journal without a word (issue 38): the
-    record of a finished bisect is the user's, for as long as they keep the state dir."""
-    from bisect_tool.handover import RELEASES_NAME
-    from bisect_tool.statedir import ARCHIVE_DIR
-
-    archive = path.parent / ARCHIVE_DIR
-    try:
-        archive.mkdir(exist_ok=True)
-        taken = [int(p.stem.rsplit("-", 1)[1]) for p in archive.glob("*-*.jsonl")
-                 if p.stem.rsplit("-", 1)[1].isdigit()]
-        number = max(taken, default=0) + 1
-        releases = path.with_name(RELEASES_NAME)
-        if releases.is_file():
-            releases.replace(archive / f"releases-{number}.jsonl")
-        kept = archive / f"{path.stem}-{number}.jsonl"
-        path.replace(kept)
-    except OSError as exc:
-        raise StateDirUnusable(
-            f"cannot keep the previous journal in {archive} ({exc.strerror or exc}); free "
-            f"space there, or move {path} away yourself, then `bisect start` again"
-        ) from None
-    return kept
 
 
 def release_range(

@@ -58,7 +58,9 @@ def start(
         from bisect_tool import preflight
 
         preflight.require(request.recipe)
-    path, commit_range = create_journal(request, observer)
+    from bisect_tool.statedir import archive_previous
+
+    path, commit_range = create_journal(request, observer, keep=archive_previous)
     try:
         return resume(path, observer, evaluator_factory, _range=commit_range)
     except Interrupted:

@@ -40,6 +40,9 @@ from pathlib import Path
 from bisect_tool.errors import ResetRefused, StateDirUnusable
 
 STATE_SUBDIR = "bisect-tool"
+#: the lock (filelock's empty file) and its holder's record (``bisect_tool.statelock``)
+LOCK_NAME = "lock"
+HOLDER_NAME = "lock.holder"
 #: written into every state dir the tool creates: what proves to ``reset`` that it is the tool's
 MARKER_NAME = "bisect-state.json"
 #: the previous sessions' journals a new ``start`` keeps (``request.archive_previous``)
@@ -175,11 +178,36 @@ def check_location(path: Path) -> None:
     )
 
 
+def archive_previous(path: Path) -> Path:
+    """Move the finished journal at ``path`` (and the release-level journal it went on from,
+    if any) into the state dir's archive, numbered after the ones there; where it went.
+
+    A new ``start`` deleted the previous session's journal without a word (issue 38): the
+    record of a finished bisect is the user's, for as long as they keep the state dir."""
+    from bisect_tool.handover import RELEASES_NAME
+
+    archive = path.parent / ARCHIVE_DIR
+    try:
+        archive.mkdir(exist_ok=True)
+        taken = [int(p.stem.rsplit("-", 1)[1]) for p in archive.glob("*-*.jsonl")
+                 if p.stem.rsplit("-", 1)[1].isdigit()]
+        number = max(taken, default=0) + 1
+        releases = path.with_name(RELEASES_NAME)
+        if releases.is_file():
+            releases.replace(archive / f"releases-{number}.jsonl")
+        kept = archive / f"{path.stem}-{number}.jsonl"
+        path.replace(kept)
+    except OSError as exc:
+        raise StateDirUnusable(
+            f"cannot keep the previous journal in {archive} ({exc.strerror or exc}); free "
+            f"space there, or move {path} away yourself, then `bisect start` again"
+        ) from None
+    return kept
+
+
 def looks_like_state_dir(folder: Path) -> bool:
     """Whether ``folder`` is a bisect state dir by what is in it or its name (its mark, a lock,
     ``bisect-tool``): a folder of journals and their reports (docs/h200) is not one."""
-    from bisect_tool.statelock import LOCK_NAME
-
     return folder.name == STATE_SUBDIR or read_marker(folder) is not None or (
         (folder / LOCK_NAME).is_file() and not (folder / LOCK_NAME).is_symlink())
 
@@ -227,8 +255,6 @@ def state_entries() -> dict[str, str]:
     (filelock's empty file), "holder" (the lock holder's JSON), "folder" (logs/, children/),
     "marker" (the tool's mark), "archive" (earlier sessions' journals, every one a journal)."""
     from bisect_tool.children import CHILDREN_DIR
-    from bisect_tool.statelock import HOLDER_NAME, LOCK_NAME
-
     entries = {LOCK_NAME: "lock", HOLDER_NAME: "holder", HOLDER_NAME + ".new": "partial",
                "logs": "folder", CHILDREN_DIR: "folder", MARKER_NAME: "marker",
                MARKER_NAME + ".new": "partial", ARCHIVE_DIR: "archive"}

@@ -21,10 +21,12 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from bisect_tool import statedir
 from bisect_tool.errors import LockHeld, StateDirUnusable
+from bisect_tool.statedir import HOLDER_NAME, LOCK_NAME
 
-LOCK_NAME = "lock"
-HOLDER_NAME = "lock.holder"
+__all__ = ["HOLDER_NAME", "LOCK_NAME", "Holder", "ensure_dir", "hold", "live_holder",
+           "read_holder"]
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,6 @@ class Holder:
 def ensure_dir(state_dir: Path) -> None:
     """Create the state dir (marked as the tool's: ``statedir.make``), or say in one line why
     it cannot be (a file, no permission)."""
-    from bisect_tool import statedir
-
     statedir.make(state_dir)
     if not state_dir.is_dir():
         raise StateDirUnusable(
