@@ -91,6 +91,72 @@ def test_child_that_left_the_group_is_ended_by_its_label(repo: Repo, tmp_path: P
     assert not mark.exists()
 
 
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _daemon(pidfile: Path) -> str:
+    """A daemon as a probe may leave one: a double fork into a new session with an empty
+    environment (no label, no group, no parent left), that would write ``pidfile``.mark in 120 s
+    (the tests wait up to 30 s for it to end)."""
+    inner = f"echo $$ > {pidfile}; sleep 120; touch {pidfile}.mark"
+    return (f"( env -i /usr/bin/setsid /bin/sh -c '{inner}' & ); "
+            f"while [ ! -s {pidfile} ]; do sleep 0.01; done")
+
+
+@pytest.mark.parametrize("how", ["returns", "times out"])
+def test_a_daemon_that_clears_its_environment_ends_with_the_lifetime(
+    repo: Repo, tmp_path: Path, how: str
+) -> None:
+    """Issue 38: ``env -i setsid`` left the probe's group and its label, and outlived the run
+    and `bisect reset`. The probe's parent is a child subreaper (``bisect_tool.shepherd``):
+    whatever the probe starts stays below it, and ends with it."""
+    pidfile = tmp_path / "daemon.pid"
+    command = _daemon(pidfile) + ("; sleep 30" if how == "times out" else f"; {BAD}")
+    probe = RunCommandEvaluator(repo.path, command, timeout_s=2 if how == "times out" else 0,
+                                state_dir=tmp_path / "st", session="s-daemon")
+    if how == "times out":
+        with pytest.raises(AbortError, match="timed out"):
+            probe.evaluate(repo.main[0], "lt-daemon")
+    else:
+        assert probe.evaluate(repo.main[0], "lt-daemon").verdict is Verdict.CLEAN
+    pid = int(pidfile.read_text())
+    assert not _alive(pid), "the daemon outlived its lifetime"
+    assert not Path(f"{pidfile}.mark").exists()
+
+
+def test_a_daemon_of_a_killed_run_ends_with_it_and_reset_says_so(
+    repo: Repo, tmp_path: Path
+) -> None:
+    """kill -9 of the tool while the probe's daemon runs: the kernel tells the probe's parent
+    (``PR_SET_PDEATHSIG``), which ends the daemon; `bisect reset` then finds nothing left."""
+    import time
+
+    pidfile, state = tmp_path / "daemon.pid", tmp_path / "st"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
+         "--repo", str(repo.path), "--state-dir", str(state), "-q",
+         "--run", _daemon(pidfile) + "; sleep 60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    pid = int(pidfile.read_text())
+    assert _alive(pid)
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(pid), "the daemon outlived the killed run"
+    code, out, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0, err
+    assert not state.exists() and len(repo.worktrees()) == 1
+
+
 def test_run_with_a_background_child_per_lifetime_answers_and_leaves_nothing(
     repo: Repo, tmp_path: Path
 ) -> None:
