@@ -103,7 +103,8 @@ def _exit_as(status: int) -> None:
             import resource
 
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core of our own
-        signal.signal(signum, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         os._exit(128 + signum)
     os._exit(os.waitstatus_to_exitcode(status))
