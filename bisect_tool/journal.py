@@ -8,6 +8,7 @@ What each entry holds, and the shape it is checked against on reading, is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -60,8 +61,14 @@ class Journal:
     _identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
 
     def __enter__(self) -> Journal:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair_torn_tail()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._repair_torn_tail()
+        except OSError as exc:
+            raise StateDirUnusable(
+                f"cannot open the journal {self.path} ({exc.strerror or exc}); pass --state-dir "
+                "PATH to a folder you can write, or free space there"
+            ) from None
         # "a+": appends, and can read back what it wrote if the path loses the file (append)
         self._file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
         opened = os.fstat(self._file.fileno())
@@ -72,7 +79,8 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a write that failed left data it cannot flush
+                self._file.close()
             self._file = None
 
     def _repair_torn_tail(self) -> None:
@@ -117,9 +125,17 @@ class Journal:
             same = False
         if not same:
             raise _lost(self.path, self._file, line)
-        self._file.write(line + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            # a full disk: the entry is not recorded (what it said runs again on resume); a
+            # part of its line that reached the disk is cut when the journal is next opened
+            raise StateDirUnusable(
+                f"cannot write the journal {self.path} ({exc.strerror or exc}); free space on "
+                "its disk, then `bisect resume`"
+            ) from None
         self._seq += 1
         return written
 

@@ -202,10 +202,19 @@ def run_group(
 
     sink = None
     if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        sink = log.open("ab")
-        if log_header:
-            sink.write(redact.text(log_header.rstrip("\n") + "\n").encode())
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            sink = log.open("ab")
+            if log_header:
+                sink.write(redact.text(log_header.rstrip("\n") + "\n").encode())
+        except OSError as exc:  # the disk is full: a failure of the machine, not the probe
+            if sink is not None:
+                with contextlib.suppress(OSError):
+                    sink.close()
+            raise InfrastructureError(
+                f"cannot write the probe's log {log} ({exc.strerror or exc}); free space "
+                "there, then `bisect resume`"
+            ) from None
     try:
         proc = subprocess.Popen(
             shepherded(argv, env),
@@ -262,7 +271,8 @@ def run_group(
             with contextlib.suppress(OSError, ValueError):
                 for _, redactor in streams.values():
                     sink.write(redactor.flush())
-            sink.close()
+            with contextlib.suppress(OSError):  # a full disk: said by what fails next
+                sink.close()
     tails = [tail for tail, _ in streams.values()]
     out = tails[0]
     err = tails[1] if len(tails) > 1 else None

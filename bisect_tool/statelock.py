@@ -120,8 +120,16 @@ def hold(
             )
         me = Holder(os.getpid(), socket.gethostname(), time.time(), command)
         tmp = state_dir / (HOLDER_NAME + ".new")
-        tmp.write_text(json.dumps(me.__dict__))
-        os.replace(tmp, state_dir / HOLDER_NAME)
+        try:
+            tmp.write_text(json.dumps(me.__dict__))
+            os.replace(tmp, state_dir / HOLDER_NAME)
+        except OSError as exc:  # a full disk: one line, not a traceback (issue 38)
+            with suppress(OSError):
+                tmp.unlink()
+            raise StateDirUnusable(
+                f"cannot write in the state dir {state_dir} ({exc.strerror or exc}); free "
+                "space there, or pass --state-dir PATH to another folder"
+            ) from None
         yield
     finally:
         # The holder file goes first: whoever takes the lock next must not read us as stale.

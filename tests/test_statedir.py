@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -297,3 +298,39 @@ def test_an_archive_with_a_users_file_is_not_reset(repo: Repo, tmp_path: Path) -
     code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
     assert code == ResetRefused.exit_code and "archive is not the archive" in one_line(err)
     assert (state / "archive" / "notes.txt").read_text() == "mine"
+
+
+# ---- a full disk under the state dir: one line, never a traceback -----------------------------
+
+
+def _on_a_small_disk(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` (sh) with ``$DISK`` a 1 MiB tmpfs (a mount namespace of its own) and ``$BISECT``
+    the tool; skipped where the machine allows no such namespace."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1): cannot make a small disk here")
+    body = f'mount -t tmpfs -o size=1m tmpfs "$DISK" || exit 99; {script}'
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", body],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "DISK": str(disk), "BISECT": f"{sys.executable} -m bisect_tool"},
+    )
+    if done.returncode == 99 or "unshare failed" in done.stderr:
+        pytest.skip(f"cannot mount a small disk here: {done.stderr.strip()}")
+    return done
+
+
+@pytest.mark.parametrize("when", ["before the start", "during the run"])
+def test_a_full_state_dir_disk_is_one_line(repo: Repo, tmp_path: Path, when: str) -> None:
+    fill = 'head -c 2000000 /dev/zero > "$DISK/filler" 2>/dev/null'
+    probe = (f'[ -e "$DISK/filler" ] || {{ {fill}; }}; {PROBE}' if when == "during the run"
+             else PROBE)
+    before = f"{fill}; " if when == "before the start" else ""
+    done = _on_a_small_disk(tmp_path, (
+        f"{before}$BISECT start --good v0.1.0 --bad v0.4.0 --repo {repo.path} -q "
+        f'--state-dir "$DISK/st" --run \'{probe}\''))
+    assert done.returncode in (StateDirUnusable.exit_code, 8), done.stderr
+    line = one_line(done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "free space" in line and "No space left on device" in line
