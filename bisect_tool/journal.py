@@ -215,7 +215,8 @@ def read(path: Path) -> JournalContents:
             continue
         last = number >= len(lines) - 1  # the last line: a crash mid-write may have torn it
         try:
-            entry = json.loads(raw.decode("utf-8"))
+            # utf-8-sig: an editor may save the file with a byte-order mark before the header
+            entry = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
         except UnicodeDecodeError:
             if last:
                 torn = True

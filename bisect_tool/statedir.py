@@ -149,8 +149,9 @@ def copied_from(path: Path) -> bool:
 
 
 def check_location(path: Path) -> None:
-    """Refuse a state dir inside a git dir other than the tool's own ``<git dir>/bisect-tool``:
-    the journal, the lock and ``logs/`` would land among git's own files (refs, reflogs)."""
+    """Refuse a state dir inside a git dir other than the tool's own ``<git dir>/bisect-tool``
+    (the journal, the lock and ``logs/`` would land among git's own files: refs, reflogs), or
+    the top of a clone's work tree (among the user's own files)."""
     here = Path(os.path.abspath(path))
     probe = here
     while not probe.exists() and probe != probe.parent:
@@ -165,11 +166,18 @@ def check_location(path: Path) -> None:
     except (OSError, subprocess.SubprocessError):
         return
     lines = done.stdout.splitlines()
-    if done.returncode != 0 or len(lines) != 2 or lines[0] != "true":
+    if done.returncode != 0 or len(lines) != 2:
         return
     own = Path(lines[1]).resolve() / STATE_SUBDIR
     resolved = here.parent.resolve() / here.name
-    if resolved == own or own in resolved.parents:
+    clone = find_clone(probe) if lines[0] != "true" else None
+    if clone is not None and resolved == clone.top.resolve():
+        # `--state-dir .` in the clone: journal.jsonl, lock, logs/ among the user's files
+        raise StateDirUnusable(
+            f"--state-dir {path} is the work tree of the clone {clone.top}; leave --state-dir "
+            f"out (the default is {own}) or give a folder of its own"
+        )
+    if lines[0] != "true" or resolved == own or own in resolved.parents:
         return
     raise StateDirUnusable(
         f"--state-dir {path} is inside the git dir {lines[1]}, where its journal, lock and "
@@ -270,7 +278,7 @@ def _is_journal(path: Path) -> bool:
     try:
         with path.open("rb") as fh:
             first = fh.readline(1 << 22)
-        header = json.loads(first.decode("utf-8"))
+        header = json.loads(first.decode("utf-8-sig"))  # an editor's byte-order mark
     except (OSError, ValueError):
         return False
     return isinstance(header, dict) and header.get("type") == "header" and "session" in header

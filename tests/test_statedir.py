@@ -334,3 +334,44 @@ def test_a_full_state_dir_disk_is_one_line(repo: Repo, tmp_path: Path, when: str
     line = one_line(done.stderr)
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "free space" in line and "No space left on device" in line
+
+
+# ---- the sweep's low-severity cases (docs/reliability.md) ----------------------------------------
+
+
+def test_an_empty_state_dir_is_refused_not_read_as_the_current_folder(
+    repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--state-dir "$UNSET"` read as `.`: the journal, the lock and logs/ went into the current
+    folder."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = start(repo, None, "--run", PROBE, "--state-dir", "")
+    assert code == 2 and "'--state-dir': is empty (an unset variable?)" in one_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_top_of_the_clone_is_refused_as_a_state_dir(tmp_path: Path) -> None:
+    clone = linear(tmp_path / "clone", N, tag_every=4)
+    before = tree(clone.path)
+    code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0", "--run", PROBE,
+                           "--repo", str(clone.path), "--state-dir", str(clone.path))
+    assert code == StateDirUnusable.exit_code and "is the work tree of the clone" in one_line(err)
+    assert tree(clone.path) == before
+    # a folder of its own inside the clone is the user's choice
+    code, _, err = start(Repo(clone.path, clone.main), clone.path / "st", "--run", PROBE)
+    assert code == 0, err
+
+
+def test_a_journal_saved_with_a_byte_order_mark_still_reads(repo: Repo, tmp_path: Path) -> None:
+    """An editor may save the journal with a BOM when the user fixes a line by hand: it read as
+    "not a bisect journal", and reset refused it."""
+    state = tmp_path / "st"
+    code, _, err = start(repo, state, "--run", PROBE)
+    assert code == 0, err
+    journal = state / "journal.jsonl"
+    journal.write_bytes(b"\xef\xbb\xbf" + journal.read_bytes())
+    code, out, err = run_cli("status", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0 and "done" in out, err
+    (state / statedir.MARKER_NAME).unlink()  # the journal is the only proof left
+    code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0 and not state.exists(), err

@@ -83,10 +83,24 @@ repo_option = click.option(
     callback=_top_of_clone,
     help="The target repository (your vLLM clone; any folder inside it).",
 )
+def _state_dir_given(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> Path | None:
+    """``--state-dir`` as a path; an empty one (``--state-dir "$UNSET"``) is refused: it read
+    as ``.`` and put the journal, the lock and logs/ into the current folder."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter("is empty (an unset variable?); give a folder, or leave "
+                                 "--state-dir out", ctx=ctx, param=param)
+    return Path(value)
+
+
 state_option = click.option(
     "--state-dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
     default=None,
+    callback=_state_dir_given,
     help="Where the journal and logs live (default: <repo>/.git/bisect-tool).",
 )
 
