@@ -336,6 +336,14 @@ def removable(path: Path, clone: Clone | None = None) -> list[str]:
             f"--state-dir {path} is a git work tree (it holds .git); reset deletes nothing; {fix}"
         )
     foreign = [n for n in present if n not in kinds]
+    lost = [n for n in foreign if ".jsonl.lost" in n]
+    if lost:
+        # what a run saved when its journal was deleted under it (journal.JournalLost)
+        raise ResetRefused(
+            f"--state-dir {path} holds {_names(lost)}: the entries a run saved when its journal "
+            "was deleted while it ran; move it back over the journal (then `bisect resume`) or "
+            "away, then reset; reset deletes nothing"
+        )
     if foreign:
         raise ResetRefused(
             f"--state-dir {path} holds files bisect did not write ({_names(foreign)}); reset "
@@ -382,8 +390,10 @@ def _is_archive(folder: Path) -> bool:
 
 
 def remove(path: Path, entries: Iterable[str]) -> None:
-    """Delete ``entries`` of ``path`` (checked by ``removable``), then ``path`` if it is empty."""
-    for name in entries:
+    """Delete ``entries`` of ``path`` (checked by ``removable``), then ``path`` if it is empty.
+    The mark goes last: a reset stopped half-way (Ctrl-C) leaves a folder still proven the
+    tool's, which the next reset removes."""
+    for name in sorted(entries, key=lambda n: n == MARKER_NAME):
         entry = path / name
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

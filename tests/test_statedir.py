@@ -375,3 +375,53 @@ def test_a_journal_saved_with_a_byte_order_mark_still_reads(repo: Repo, tmp_path
     (state / statedir.MARKER_NAME).unlink()  # the journal is the only proof left
     code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
     assert code == 0 and not state.exists(), err
+
+
+def test_a_journal_with_crlf_line_ends_still_reads_and_resumes(repo: Repo, tmp_path: Path) -> None:
+    state = tmp_path / "st"
+    code, _, err = start(repo, state, "--run", PROBE)
+    assert code == 0, err
+    journal = state / "journal.jsonl"
+    lines = journal.read_bytes().splitlines()
+    journal.write_bytes(b"\r\n".join(lines[:-1]) + b"\r\n")  # saved on Windows, the end cut
+    code, out, err = run_cli("resume", "--repo", str(repo.path), "--state-dir", str(state), "-q")
+    assert code == 0 and "first bad commit" in out, err
+
+
+def test_reset_names_a_saved_lost_journal_and_keeps_it(repo: Repo, tmp_path: Path) -> None:
+    state = tmp_path / "st"
+    code, _, err = start(repo, state, "--run", PROBE)
+    assert code == 0, err
+    (state / "journal.jsonl").rename(state / "journal.jsonl.lost")
+    code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == ResetRefused.exit_code
+    assert "holds journal.jsonl.lost: the entries a run saved" in one_line(err)
+    assert (state / "journal.jsonl.lost").is_file()
+
+
+def test_a_reset_stopped_half_way_leaves_a_folder_the_next_reset_removes(
+    repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "st"
+    code, _, err = start(repo, state, "--run", PROBE)
+    assert code == 0, err
+    real_unlink = Path.unlink
+
+    def ctrl_c_after_the_journal(self: Path, missing_ok: bool = False) -> None:
+        real_unlink(self, missing_ok=missing_ok)
+        if self.name == "journal.jsonl":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "unlink", ctrl_c_after_the_journal)
+    code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 130 and not (state / "journal.jsonl").exists()
+    monkeypatch.undo()
+    code, _, err = run_cli("reset", "--repo", str(repo.path), "--state-dir", str(state))
+    assert code == 0 and not state.exists(), err
+
+
+def test_a_plot_or_report_onto_a_folder_is_one_line(repo: Repo, finished: Path) -> None:
+    for flag in ("-o", "--plot"):
+        code, _, err = run_cli("report", "--repo", str(repo.path), "--state-dir", str(finished),
+                               flag, str(finished.parent))
+        assert code == UsageError.exit_code and "Is a directory" in one_line(err)
