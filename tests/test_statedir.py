@@ -425,3 +425,23 @@ def test_a_plot_or_report_onto_a_folder_is_one_line(repo: Repo, finished: Path) 
         code, _, err = run_cli("report", "--repo", str(repo.path), "--state-dir", str(finished),
                                flag, str(finished.parent))
         assert code == UsageError.exit_code and "Is a directory" in one_line(err)
+
+
+def test_every_test_the_issue_38_rows_name_exists() -> None:
+    """docs/reliability.md names the test of each row; a renamed test must not leave it stale."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "reliability.md").read_text()
+    section = text[text.index("## Issue 38"):]
+    section = section[section.index("### Data loss"):]
+    named = re.findall(r"`(tests/[\w/]+\.py)?(?:::(\w+))?`", section)
+    current, checked = None, 0
+    for path, name in named:
+        if path:
+            current = root / path
+            assert current.is_file(), path
+        if name:
+            assert current is not None and f"def {name}(" in current.read_text(), (current, name)
+            checked += 1
+    assert checked >= 30
