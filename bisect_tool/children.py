@@ -107,10 +107,15 @@ class Registry:
         if ticks is None:
             return  # already gone: nothing left to find later
         rec = ChildRecord(pgid, ticks, _boot_id(), socket.gethostname(), what)
-        self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self._path(pgid).with_suffix(".new")
-        tmp.write_text(json.dumps(asdict(rec)))
-        os.replace(tmp, self._path(pgid))
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(asdict(rec)))
+            os.replace(tmp, self._path(pgid))
+        except OSError:
+            # a full disk: the probe's shepherd still ends it with the tool; the journal's
+            # next entry says the disk is full
+            tmp.unlink(missing_ok=True)
 
     def forget(self, pgid: int) -> None:
         with contextlib.suppress(OSError):

@@ -12,11 +12,14 @@ or SSH session is a SIGHUP; a GPU job's deadline a SIGTERM), so a run stopped fr
 the way Ctrl-C does: every lifetime that ended is journaled, every resource closed. Lifetimes in
 flight are cancelled where their evaluator can cancel them (Ray tasks); elsewhere they end as
 they would have and are journaled before the exception goes on (on a lent H100 a finished
-divergent lifetime was printed, then lost, and run again by the next call).
+divergent lifetime was printed, then lost, and run again by the next call). The controls are
+not waited for (issue 38: Ctrl-C during them waited minutes on a GPU): they run on a daemon
+thread, the backend's close stops their server, and a resumed run asks for them again.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -62,6 +65,26 @@ def journaled(path: Path) -> Iterator[Journal]:
         yield journal
 
 
+def _on_a_daemon_thread(
+    fn: Callable[[Item], Observation | Mapping[str, Any]], item: Item
+) -> Future[Observation | Mapping[str, Any]]:
+    """``fn(item)`` on a thread of its own that the interpreter does not wait for when it exits
+    (a ``ThreadPoolExecutor``'s workers it joins): Ctrl-C during the controls must not wait
+    for their server. The backend's close stops that server, which ends the thread."""
+    future: Future[Observation | Mapping[str, Any]] = Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(item))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="bisect-controls", daemon=True).start()
+    return future
+
+
 class Engine:
     """Runs ``design`` to its end: each ``Work`` item goes to ``arms[item.arm]``, up to
     ``parallel`` at once."""
@@ -86,7 +109,6 @@ class Engine:
         # items started in the background (``Item.background``): the controls while the fast
         # probe narrows; journaled as they end, before the next decision
         self._background: dict[Future[Observation | Mapping[str, Any]], Item] = {}
-        self._background_pool: ThreadPoolExecutor | None = None
         # several slots: the items under way; a slot that comes back is refilled at once
         # (``Design.refill``) instead of standing idle until the others end
         self._running: dict[Future[Observation | Mapping[str, Any]], Item] = {}
@@ -129,16 +151,13 @@ class Engine:
             if self._running:
                 self._stop_running()
             if self._background:
-                # as for lifetimes in threads: stop what can be stopped, journal what ended
-                for item in set(self._background.values()):
-                    self._arm(item).cancel()
-                self._collect_background(wait=True, raising=False)
+                # journal what ended; what still runs (the controls) is not waited for
+                self._collect_background(wait=False, raising=False)
+                self._background.clear()
             raise
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
-            if self._background_pool is not None:
-                self._background_pool.shutdown(wait=True)
 
     def _collect_running(self) -> None:
         """Wait for the first item under way, or in the background, to end; journal what
@@ -155,13 +174,16 @@ class Engine:
 
     def _stop_running(self) -> None:
         """Ctrl-C, SIGTERM/SIGHUP or a failed lifetime: stop what can be stopped (Ray tasks),
-        let the rest end as they would have, and journal each one that did."""
+        let the lifetimes end as they would have, and journal each one that did. The controls
+        are not waited for (minutes of a server on a GPU): journaled if they have ended."""
         for arm in {item.arm for item in self._running.values()}:
             self._arm_named(arm).cancel()
-        for fut in as_completed(list(self._running)):
+        lifetimes = [f for f, item in self._running.items() if not item.controls or f.done()]
+        for fut in as_completed(lifetimes):
             item = self._running.pop(fut)
             if not fut.cancelled() and fut.exception() is None:
                 self._record(item, fut.result())
+        self._running.clear()
 
     def _collect_background(self, *, wait: bool, raising: bool = True) -> None:
         """Journal the background items that ended (all of them, once ended, with ``wait``)."""
@@ -202,10 +224,7 @@ class Engine:
         items = [item for item in work.items if not item.background]
         for item in work.items:
             if item.background:
-                if self._background_pool is None:
-                    self._background_pool = ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix="bisect-background")
-                self._background[self._background_pool.submit(self._evaluate, item)] = item
+                self._background[_on_a_daemon_thread(self._evaluate, item)] = item
         if not items:
             return
         if self.parallel > 1:
@@ -227,7 +246,10 @@ class Engine:
             self._pool = ThreadPoolExecutor(max_workers=self.parallel,
                                             thread_name_prefix="bisect-slot")
         for item in work.items:
-            self._running[self._pool.submit(self._evaluate, item)] = item
+            # the controls on a thread of their own, never waited for at exit (see _stop_running)
+            started = (_on_a_daemon_thread(self._evaluate, item) if item.controls
+                       else self._pool.submit(self._evaluate, item))
+            self._running[started] = item
 
     def _arm(self, item: Item) -> Evaluator:
         return self._arm_named(item.arm)

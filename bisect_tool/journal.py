@@ -8,6 +8,7 @@ What each entry holds, and the shape it is checked against on reading, is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -60,8 +61,14 @@ class Journal:
     _identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file opened
 
     def __enter__(self) -> Journal:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair_torn_tail()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._repair_torn_tail()
+        except OSError as exc:
+            raise StateDirUnusable(
+                f"cannot open the journal {self.path} ({exc.strerror or exc}); pass --state-dir "
+                "PATH to a folder you can write, or free space there"
+            ) from None
         # "a+": appends, and can read back what it wrote if the path loses the file (append)
         self._file = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
         opened = os.fstat(self._file.fileno())
@@ -72,30 +79,35 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a write that failed left data it cannot flush
+                self._file.close()
             self._file = None
 
     def _repair_torn_tail(self) -> None:
-        """Cut a torn last line so the next entry starts on a fresh line. A last line that
-        ends in a newline but does not parse (a crash can leave zeros) is cut too: ``read``
-        tolerates it only as the last line, so it must not become a middle one."""
+        """Make the next entry start on a fresh line. A last line that does not parse (torn
+        by a crash mid-write; or ending in a newline but holding zeros) is cut: ``read``
+        tolerates it only as the last line, so it must not become a middle one. A last line
+        that parses but lacks its newline is whole, and is kept: an editor saves a file so
+        when the user follows the tool's own advice to "fix or remove that line" (issue 38:
+        it was cut, and a valid entry lost)."""
         if not self.path.exists():
             return
         data = self.path.read_bytes()
         body = data.rstrip(b"\n")
         start = body.rfind(b"\n") + 1
-        torn = bool(data) and not data.endswith(b"\n")
-        if not torn and body:
-            try:
-                json.loads(body[start:])
-            except ValueError:
-                torn = True
-        if torn:
-            cut = start
-            with open(self.path, "r+b") as fh:
-                fh.truncate(cut)
-                fh.flush()
-                os.fsync(fh.fileno())
+        if not body[start:].strip():
+            return
+        whole = _parses(body[start:])
+        if whole and data.endswith(b"\n"):
+            return
+        with open(self.path, "r+b") as fh:
+            if whole:  # only its newline is missing
+                fh.seek(0, os.SEEK_END)
+                fh.write(b"\n")
+            else:
+                fh.truncate(start)
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         if self._file is None:
@@ -113,11 +125,27 @@ class Journal:
             same = False
         if not same:
             raise _lost(self.path, self._file, line)
-        self._file.write(line + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            # a full disk: the entry is not recorded (what it said runs again on resume); a
+            # part of its line that reached the disk is cut when the journal is next opened
+            raise StateDirUnusable(
+                f"cannot write the journal {self.path} ({exc.strerror or exc}); free space on "
+                "its disk, then `bisect resume`"
+            ) from None
         self._seq += 1
         return written
+
+
+def _parses(line: bytes) -> bool:
+    """Whether ``line`` is a whole entry: a JSON object (a torn prefix of one never parses)."""
+    try:
+        return isinstance(json.loads(line.decode("utf-8")), dict)
+    except ValueError:
+        return False
 
 
 def _lost(path: Path, file: Any, line: str) -> JournalLost:
@@ -187,7 +215,8 @@ def read(path: Path) -> JournalContents:
             continue
         last = number >= len(lines) - 1  # the last line: a crash mid-write may have torn it
         try:
-            entry = json.loads(raw.decode("utf-8"))
+            # utf-8-sig: an editor may save the file with a byte-order mark before the header
+            entry = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
         except UnicodeDecodeError:
             if last:
                 torn = True

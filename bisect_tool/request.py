@@ -10,7 +10,7 @@ resumes that journal: a run is replaying its journal and going on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from bisect_tool import entries, session
 from bisect_tool import journal as journal_mod
 from bisect_tool.errors import StateError, UsageError
+from bisect_tool.events import Note, Observer, ignore
 from bisect_tool.range import CommitRange
 from bisect_tool.recipe import Recipe
 
@@ -82,12 +83,19 @@ def resolve(request: StartRequest) -> tuple[CommitRange, Recipe | None, dict[str
     return commit_range, recipe, {}
 
 
-def create_journal(request: StartRequest) -> tuple[Path, CommitRange]:
-    """The new journal: the range resolved, its header (and carried entries) written."""
+def create_journal(
+    request: StartRequest,
+    observer: Observer = ignore,
+    keep: Callable[[Path], Path] | None = None,
+) -> tuple[Path, CommitRange]:
+    """The new journal: the range resolved, its header (and carried entries) written. A
+    finished session's journal is first moved away by ``keep`` (``statedir.archive_previous``:
+    the run owner passes it), which says where it went; without ``keep`` it is replaced."""
     from bisect_tool.range import remote_url
     from bisect_tool.remote import clone_link_base
 
     path = request.journal_path
+    recorded: list[dict[str, Any]] = []
     if path.exists():
         contents = journal_mod.read(path)
         # An unattended start interrupted before it recorded anything (Ctrl-C in its first
@@ -101,7 +109,10 @@ def create_journal(request: StartRequest) -> tuple[Path, CommitRange]:
             )
     commit_range, recipe, extra = resolve(request)
     if path.exists():  # a finished bisect; kept until the new range resolved
-        path.unlink()
+        if recorded and keep is not None:
+            observer(Note(f"the previous session's journal is kept in {keep(path)}"))
+        else:
+            path.unlink()  # a header and nothing else
     recipe_dict = session.header_recipe(
         recipe, request.search_overrides, deterministic=request.deterministic
     )

@@ -12,21 +12,33 @@ only parse flags, call these, and print. Progress goes to an observer as events
 
 from __future__ import annotations
 
+import re
+import threading
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bisect_tool import entries, handover, session
 from bisect_tool import journal as journal_mod
+from bisect_tool.cause import one_line, root_cause
 from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.designs.manual import next_manual_candidate
-from bisect_tool.engine import Engine, journaled
-from bisect_tool.errors import BisectError, Interrupted, StateError, UsageError
+from bisect_tool.engine import ControlsRunner, Engine, journaled
+from bisect_tool.errors import (
+    BisectError,
+    InfrastructureError,
+    Interrupted,
+    StateError,
+    UsageError,
+)
 from bisect_tool.events import Note, Observer, RunStarted, ignore
+from bisect_tool.interfaces import Evaluator
 from bisect_tool.journal import Journal
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe
 from bisect_tool.request import StartRequest, create_journal
+from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState
 from bisect_tool.wiring import EvaluatorFactory, Evaluators, command_evaluator, open_evaluators
 
@@ -58,7 +70,9 @@ def start(
         from bisect_tool import preflight
 
         preflight.require(request.recipe)
-    path, commit_range = create_journal(request)
+    from bisect_tool.statedir import archive_previous
+
+    path, commit_range = create_journal(request, observer, keep=archive_previous)
     try:
         return resume(path, observer, evaluator_factory, _range=commit_range)
     except Interrupted:
@@ -134,7 +148,8 @@ def resume(
                 session=str(header.get("session", "")),
                 observer=observer,
             )
-            bisect_loop(journal, state, Evaluators(evaluator), observer=observer)
+            bisect_loop(journal, state, Evaluators(evaluator), observer=observer,
+                        seen_causes=_journal_causes(contents))
             return _outcome(state)
         recipe = recipe_mod.from_dict_loose(header["recipe"])
         tags = {c.sha: c.tags for c in state.candidates}
@@ -146,6 +161,7 @@ def resume(
             bisect_loop(
                 journal, state, evaluators, observer=observer,
                 controls=recipe.probe.controls and evaluators.has_controls,
+                seen_causes=_journal_causes(contents),
             )
     onward = _continue_to_commits(journal_path, state, observer, evaluator_factory)
     return onward if onward is not None else _outcome(state)
@@ -158,19 +174,205 @@ def bisect_loop(
     *,
     observer: Observer = ignore,
     controls: bool = False,
+    seen_causes: Collection[str] = (),
 ) -> dict[str, Any]:
-    """The bisect design run by the engine to its end; the summary there."""
+    """The bisect design run by the engine to its end; the summary there. A run whose
+    lifetimes keep failing with one cause stops early (``_Watch``); ``seen_causes``: those the
+    journal already holds, which a resumed run goes on past."""
     if state.tiered and evaluators.narrow is None:
         raise UsageError(
             "this run narrows with a fast probe, but its backend has none (the op probe runs "
             "with the local, docker or ray backend)"
         )
     design = BisectDesign(state, slots=evaluators.parallel, controls=controls)
+    watch = _Watch(seen_causes)
+    arms = {name: _Watched(arm, watch) for name, arm in evaluators.arms().items()}
+
+    def controls_for(commit: str) -> ControlsRunner | None:
+        runner = evaluators.controls_for(commit)
+        return None if runner is None else _WatchedControls(runner, watch, commit)
+
     Engine(
-        journal, design, evaluators.arms(), parallel=evaluators.parallel,
-        controls_for=evaluators.controls_for, observer=observer,
+        journal, design, arms, parallel=evaluators.parallel,
+        controls_for=controls_for, observer=observer,
     ).run()
     return state.summary()
+
+
+# -- a broken environment stops the run early ------------------------------------------------------
+
+#: candidates in a row that failed with one root cause, none running since, before a run stops
+REPEATS_TO_STOP = 3
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One lifetime's (or the controls') outcome, as the repeated-cause stop sees it."""
+
+    commit: str
+    cause: str | None  # why it could not run, in one line (``cause_of``); None: it ran
+    shown: str = ""  # that cause as this attempt printed it (its own commit, port...)
+
+
+def repeated_cause(
+    attempts: Sequence[Attempt], seen: Collection[str] = (), at_least: int = REPEATS_TO_STOP
+) -> tuple[str, int, int] | None:
+    """(cause, lifetimes, candidates) when the attempts since the last one that ran all failed
+    with one root cause at ``at_least`` candidates or more; else None. Pure.
+
+    With a missing server module one run spent 120 lifetimes on 61 candidates, and the controls
+    on 53 releases, each failing the same way (issue 38): the search takes a candidate that
+    cannot run for a property of that candidate and moves on to the next. One cause at several
+    candidates in a row, and nothing running between, is more likely the machine (a module, a
+    disk, a driver) than the candidates. A stretch of commits that are broken in the same way
+    looks alike; so the stop says both, and ``seen`` (the causes the journal already holds at
+    that many candidates: the user was told and resumed) is gone on past."""
+    streak: list[Attempt] = []
+    for attempt in reversed(attempts):
+        if attempt.cause is None or (streak and attempt.cause != streak[0].cause):
+            break
+        streak.append(attempt)
+    if not streak:
+        return None
+    cause = streak[0].cause
+    candidates = {a.commit for a in streak}
+    if cause is None or cause in seen or len(candidates) < at_least:
+        return None
+    return cause, len(streak), len(candidates)
+
+
+_VARYING = (
+    (re.compile(r"\b[0-9a-f]{7,40}\b"), "<sha>"),  # the candidate's commit, a container id
+    (re.compile(r"bisect-wt-[\w.-]+"), "bisect-wt-*"),  # its temporary worktree
+    (re.compile(r"\b(pid[= ])?\d{4,}\b"), "<n>"),  # pids, ports, sizes
+)
+
+
+def root_of(message: str, log_tail: str = "") -> str:
+    """The root cause a failure message names, in one line: the first error of the log it
+    carries (``cause.root_cause``: a server's last lines, a probe's output), else its own
+    first line."""
+    _head, mark, tail = message.partition("; log tail:")
+    found = root_cause(tail if mark else log_tail) if (mark or log_tail.strip()) else ""
+    return found or one_line(message)
+
+
+def cause_of(message: str, log_tail: str = "") -> str:
+    """``root_of`` with what differs from one candidate or lifetime to the next (its commit,
+    lifetime id, port, pid) taken out: the same failure at two candidates reads the same."""
+    text = root_of(message, log_tail)
+    for pattern, shown in _VARYING:
+        text = pattern.sub(shown, text)
+    return text
+
+
+#: where a candidate failed for what it is, by nature: its artifacts (none to be had, or its
+#: build failed: a stretch of broken builds is the range's, and ends as an untestable end) and
+#: the gate (its ops differ from the pinned stack's)
+_CANDIDATES_OWN = ("artifacts", "gate")
+
+
+def failure_cause(obs: Observation) -> str | None:
+    """The root cause (``cause_of``) of a lifetime that could not run; "" for one that is the
+    candidate's own by nature (``_CANDIDATES_OWN``) or says nothing more than its exit code;
+    None for one that ran."""
+    found = _failure(obs)
+    return found if found is None else cause_of(found) if found else ""
+
+
+def _failure(obs: Observation) -> str | None:
+    """``failure_cause`` before what differs per candidate is taken out."""
+    if obs.verdict is not Verdict.UNTESTABLE:
+        return None
+    detail = obs.detail if isinstance(obs.detail, Mapping) else {}
+    if detail.get("stage") in _CANDIDATES_OWN:
+        return ""
+    tail = detail.get("log_tail")
+    if isinstance(tail, str) and obs.message.startswith("exit "):  # a --run probe's exit 125
+        lines = [line for line in tail.splitlines()
+                 if not line.startswith(("bisect: --run runs in", "["))]
+        found = root_of("", "\n".join(lines))
+        return f"{obs.message}: {found}" if found else ""
+    return root_of(obs.message)
+
+
+def _journal_causes(contents: journal_mod.JournalContents) -> set[str]:
+    """The causes the journal already holds at ``REPEATS_TO_STOP`` candidates or more."""
+    where: dict[str, set[str]] = {}
+    for entry in contents.observations:
+        obs = Observation(str(entry.get("commit", "")), Verdict(entry["verdict"]),
+                          str(entry.get("lifetime_id", "")), entry.get("detail") or {},
+                          str(entry.get("message") or ""))
+        cause = failure_cause(obs)
+        if cause:
+            where.setdefault(cause, set()).add(obs.commit)
+    return {cause for cause, commits in where.items() if len(commits) >= REPEATS_TO_STOP}
+
+
+class _Watch:
+    """This run's attempts; raises the stop at the next evaluation once ``repeated_cause`` says
+    so (the failed lifetime itself is journaled first: nothing is lost)."""
+
+    def __init__(self, seen: Collection[str]) -> None:
+        self.seen = set(seen)
+        self.attempts: list[Attempt] = []
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        with self._lock:
+            found = repeated_cause(self.attempts, self.seen)
+            last = self.attempts[-1].shown if self.attempts else ""
+        if found is None:
+            return
+        cause, lifetimes, candidates = found
+        raise InfrastructureError(
+            f"{lifetimes} lifetimes at {candidates} candidates in a row failed the same way, "
+            f"and none ran since: {last or cause}; that is most likely this machine, not the "
+            "candidates: fix it, then `bisect resume` (if those commits are broken "
+            "themselves, `bisect resume` goes on past them)"
+        )
+
+    def add(self, commit: str, failure: str | None) -> None:
+        """``failure``: the root cause as printed (``root_of``); None: it ran."""
+        if failure == "":
+            return  # says nothing of the machine either way
+        key = None if failure is None else cause_of(failure)
+        with self._lock:
+            self.attempts.append(Attempt(commit, key, failure or ""))
+
+
+class _Watched:
+    """An evaluator whose outcomes the watch sees."""
+
+    def __init__(self, inner: Evaluator, watch: _Watch) -> None:
+        self.inner, self.watch = inner, watch
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
+        self.watch.check()
+        obs = self.inner.evaluate(commit, lifetime_id, tags)
+        self.watch.add(commit, _failure(obs))
+        return obs
+
+    def prepare(self, commits: Sequence[str]) -> None:
+        self.inner.prepare(commits)
+
+    def cancel(self) -> int:
+        return self.inner.cancel()
+
+
+class _WatchedControls:
+    """The controls on one candidate, whose outcome the watch sees too: controls that could not
+    boot at one candidate after another are the same failure as the lifetimes'."""
+
+    def __init__(self, inner: ControlsRunner, watch: _Watch, commit: str) -> None:
+        self.inner, self.watch, self.commit = inner, watch, commit
+
+    def run(self) -> Mapping[str, Any]:
+        self.watch.check()
+        entry = self.inner.run()
+        ran = not entry.get("untestable")
+        self.watch.add(self.commit, None if ran else root_of(str(entry.get("problem") or "")))
+        return entry
 
 
 def end_leftovers(
@@ -178,9 +380,11 @@ def end_leftovers(
 ) -> int:
     """End what a killed run left running (probe process groups, worktrees); say how many."""
     from bisect_tool.children import end_all
+    from bisect_tool.statedir import copied_from
     from bisect_tool.worktrees import remove_stale_worktrees
 
-    ended = end_all(state_dir, session_id)
+    # a copy of a live state dir (`cp -a`) records the live run's processes, not its own
+    ended = 0 if copied_from(state_dir) else end_all(state_dir, session_id)
     if ended:
         observer(Note(f"ended {ended} process group(s) left running by a killed run"))
     if repo is not None:  # a release-level run without a clone has no worktrees

@@ -17,11 +17,14 @@ line) is the probe's own answer: bad, like any other code from 1 to 127 but 125.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -107,6 +110,30 @@ DRAIN_S = 5.0
 _CHUNK = 65536
 
 
+#: how long a shepherd asked to stop (a timeout, Ctrl-C) has to end what the probe started
+SHEPHERD_GRACE_S = 5.0
+#: the probe's parent that keeps every process it starts findable (``bisect_tool.shepherd``);
+#: None where the kernel cannot (not Linux)
+_SHEPHERD: Path | None = (
+    Path(__file__).with_name("shepherd.py") if sys.platform.startswith("linux") else None
+)
+
+
+def shepherded(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """``argv`` run under the shepherd: a child subreaper that ends every process the probe
+    started, however it left the probe's session, group or environment, before it exits. A
+    program that cannot be run raises here, as ``Popen`` of it would."""
+    if _SHEPHERD is None:
+        return list(argv)
+    program = argv[0]
+    path = (env if env is not None else os.environ).get("PATH", os.defpath)
+    if shutil.which(program, path=path) is None:
+        if "/" in program and os.path.exists(program):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    return [sys.executable, "-I", "-S", str(_SHEPHERD), str(os.getpid()), "--", *argv]
+
+
 @dataclass(frozen=True)
 class Finished:
     """How one probe's process group ended. ``code`` is the leader's exit status (``-N``: killed
@@ -175,13 +202,22 @@ def run_group(
 
     sink = None
     if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        sink = log.open("ab")
-        if log_header:
-            sink.write(redact.text(log_header.rstrip("\n") + "\n").encode())
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            sink = log.open("ab")
+            if log_header:
+                sink.write(redact.text(log_header.rstrip("\n") + "\n").encode())
+        except OSError as exc:  # the disk is full: a failure of the machine, not the probe
+            if sink is not None:
+                with contextlib.suppress(OSError):
+                    sink.close()
+            raise InfrastructureError(
+                f"cannot write the probe's log {log} ({exc.strerror or exc}); free space "
+                "there, then `bisect resume`"
+            ) from None
     try:
         proc = subprocess.Popen(
-            list(argv),
+            shepherded(argv, env),
             cwd=cwd,
             env=dict(env) if env is not None else None,
             stdin=subprocess.DEVNULL,  # unattended: a probe that reads stdin must not wait on us
@@ -219,12 +255,13 @@ def run_group(
                 ) from None
         return True
 
+    exited = False
     try:
         with track(proc.pid) if track is not None else contextlib.nullcontext():
             try:
                 exited = _read_until_exit(proc.pid, streams, take, timeout_s)
             finally:
-                _end_group(proc, label)
+                _end_group(proc, label, exited)
         _drain(streams, take)  # what it wrote before the group was ended
     finally:
         for pipe in (proc.stdout, proc.stderr):
@@ -234,7 +271,8 @@ def run_group(
             with contextlib.suppress(OSError, ValueError):
                 for _, redactor in streams.values():
                     sink.write(redactor.flush())
-            sink.close()
+            with contextlib.suppress(OSError):  # a full disk: said by what fails next
+                sink.close()
     tails = [tail for tail, _ in streams.values()]
     out = tails[0]
     err = tails[1] if len(tails) > 1 else None
@@ -290,14 +328,24 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _end_group(proc: subprocess.Popen[bytes], label: Mapping[str, str] | None) -> None:
-    """SIGKILL the group (whatever its leader did), then reap the leader; then end the members
-    that left the group but carry the label, and wait until all of them have died. Ctrl-C is
-    held back meanwhile: a second one must not leave half of the group running."""
+def _end_group(
+    proc: subprocess.Popen[bytes], label: Mapping[str, str] | None, exited: bool
+) -> None:
+    """End all of the probe: a leader that has not exited (a timeout, Ctrl-C) is first asked to
+    end its descendants (SIGTERM: the shepherd SIGKILLs every one, wherever it went); then the
+    group is SIGKILLed, the leader reaped, the members that left the group but carry the label
+    ended, and all of them waited for. Ctrl-C is held back meanwhile: a second one must not
+    leave half of it running."""
     from bisect_tool.children import end_carrying, wait_gone
     from bisect_tool.runtime.common import signals_deferred
 
     with signals_deferred():
+        if not exited and _SHEPHERD is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + SHEPHERD_GRACE_S
+            while not _exited(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.005)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -21,10 +21,12 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from bisect_tool import statedir
 from bisect_tool.errors import LockHeld, StateDirUnusable
+from bisect_tool.statedir import HOLDER_NAME, LOCK_NAME
 
-LOCK_NAME = "lock"
-HOLDER_NAME = "lock.holder"
+__all__ = ["HOLDER_NAME", "LOCK_NAME", "Holder", "ensure_dir", "hold", "live_holder",
+           "read_holder"]
 
 
 @dataclass(frozen=True)
@@ -40,18 +42,9 @@ class Holder:
 
 
 def ensure_dir(state_dir: Path) -> None:
-    """Create the state dir, or say in one line why it cannot be (a file, no permission)."""
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise StateDirUnusable(
-            f"--state-dir {state_dir} is a file, not a folder; pass a folder you can write"
-        ) from None
-    except OSError as exc:
-        raise StateDirUnusable(
-            f"cannot create the state dir {state_dir} ({exc.strerror or exc}); "
-            "pass --state-dir PATH to a folder you can write"
-        ) from None
+    """Create the state dir (marked as the tool's: ``statedir.make``), or say in one line why
+    it cannot be (a file, no permission)."""
+    statedir.make(state_dir)
     if not state_dir.is_dir():
         raise StateDirUnusable(
             f"--state-dir {state_dir} is not a folder; pass a folder you can write"
@@ -127,8 +120,16 @@ def hold(
             )
         me = Holder(os.getpid(), socket.gethostname(), time.time(), command)
         tmp = state_dir / (HOLDER_NAME + ".new")
-        tmp.write_text(json.dumps(me.__dict__))
-        os.replace(tmp, state_dir / HOLDER_NAME)
+        try:
+            tmp.write_text(json.dumps(me.__dict__))
+            os.replace(tmp, state_dir / HOLDER_NAME)
+        except OSError as exc:  # a full disk: one line, not a traceback (issue 38)
+            with suppress(OSError):
+                tmp.unlink()
+            raise StateDirUnusable(
+                f"cannot write in the state dir {state_dir} ({exc.strerror or exc}); free "
+                "space there, or pass --state-dir PATH to another folder"
+            ) from None
         yield
     finally:
         # The holder file goes first: whoever takes the lock next must not read us as stale.

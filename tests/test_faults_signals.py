@@ -151,3 +151,118 @@ def test_ctrl_c_early_in_start_is_one_line_and_a_new_start_works(
     assert code == 0, err
     assert f"first bad commit: {repo.main[FLIP - 1]}" in out
     assert len(repo.worktrees()) == 1
+
+
+# ---- issue 38: Ctrl-C or SIGTERM during the controls does not wait for them -------------------
+
+
+class _SlowControls:
+    """Controls that hold their (imagined) GPU server until released or 30 s have passed."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.started, self.release = threading.Event(), threading.Event()
+        self.ended = False
+
+    def __call__(self, commit: str) -> _SlowControls:
+        self.commit = commit
+        return self
+
+    def run(self) -> dict[str, object]:
+        self.started.set()
+        self.release.wait(30)
+        self.ended = True
+        return {"type": "controls", "commit": self.commit, "ok": True, "problem": "",
+                "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
+
+
+class _Quick:
+    """A probe that answers at once: the bug from commit ``flip`` of ``shas`` on."""
+
+    def __init__(self, shas: list[str], flip: int) -> None:
+        self.shas, self.flip = shas, flip
+
+    def prepare(self, commits: object) -> None:
+        return None
+
+    def cancel(self) -> int:
+        return 0
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> object:
+        from bisect_tool.values import Observation, Verdict
+
+        bad = self.shas.index(commit) >= self.flip
+        return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id,
+                           {"timing": {"artifacts_s": 0.0}}, "", 0.01)
+
+
+@pytest.mark.parametrize("how", ["beside the fast probe", "on a slot of their own"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_during_the_controls_does_not_wait_for_them(
+    tmp_path: Path, how: str, sig: signal.Signals
+) -> None:
+    """The controls boot a server and probe it (minutes on a GPU). SIGTERM or Ctrl-C while they
+    run stopped the run only once they had ended (issue 38). Now the run stops at once; the
+    controls are not journaled (a resumed run asks for them again)."""
+    import threading
+
+    from bisect_tool import session
+    from bisect_tool.engine import journaled
+    from bisect_tool.errors import Interrupted
+    from bisect_tool.range import Candidate, CommitRange
+    from bisect_tool.recipe import Recipe
+    from bisect_tool.run import bisect_loop
+    from bisect_tool.values import Direction
+    from bisect_tool.wiring import Evaluators
+
+    shas = [f"{i:040x}" for i in range(1, 41)]
+    rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
+                      tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
+    recipe = Recipe("t").to_dict()
+    recipe["probe"]["controls"] = True
+    tiered = how == "beside the fast probe"
+    if tiered:
+        recipe["probe"]["narrow"] = "op"
+    path = tmp_path / "journal.jsonl"
+    journal_mod.create(path, session.header_for(rng, recipe=recipe, mode="recipe"))
+    controls = _SlowControls()
+    evaluators = Evaluators(_Quick(shas, 25), 1 if tiered else 2, controls,
+                            narrow=_Quick(shas, 25) if tiered else None)
+
+    def send() -> None:
+        if controls.started.wait(30):
+            os.kill(os.getpid(), sig)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        with pytest.raises((Interrupted, KeyboardInterrupt)), journaled(path) as journal:
+            state = session.replay(journal_mod.read(path))
+            bisect_loop(journal, state, evaluators, controls=True)
+        assert controls.started.is_set()
+        assert not controls.ended, "the run waited for the controls to end"
+    finally:
+        controls.release.set()
+        sender.join()
+    assert not journal_mod.read(path).of_type("controls")
+
+
+def test_a_closed_backend_boots_nothing_more(tmp_path: Path) -> None:
+    """The controls' thread, not waited for, must not boot its next attempt once the run's
+    backend has closed (and stopped the server it had)."""
+    from bisect_tool.errors import InfrastructureError
+    from bisect_tool.interfaces import LifetimeSpec, SwapSet
+    from bisect_tool.recipe import RuntimeSettings
+    from bisect_tool.runtime import LocalBackend
+
+    backend = LocalBackend(RuntimeSettings(backend="local", python=sys.executable,
+                                           server_module="http.server", boot_timeout_s=5.0),
+                           session="closed", log_dir=tmp_path / "logs", grace_s=1.0,
+                           overlay_parent=tmp_path)
+    assert backend.close() == 0
+    spec = LifetimeSpec(session="closed", lifetime_id="control-x-1",
+                        swap=SwapSet(commit="c0ffee" * 7, files={}))
+    with pytest.raises(InfrastructureError, match="the run is stopping"), backend.lifetime(spec):
+        pass
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())

@@ -76,6 +76,28 @@ def test_torn_last_line_is_tolerated_and_resume_finishes(tmp_path: Path, repo: R
     assert len({json.loads(x).get("lifetime_id") for x in lines[1:-1]}) == len(lines) - 2
 
 
+def test_a_whole_last_line_without_its_newline_is_kept(tmp_path: Path, repo: Repo) -> None:
+    """What an editor leaves when the user follows the tool's advice to "fix or remove that
+    line": the last entry, whole, with no newline after it. Resume cut it (issue 38); a line
+    that parses is never torn."""
+    command = write_probe(tmp_path / "probe.py", flip=FLIP)
+    path = _started(repo, tmp_path / "state", command)
+    with journal_mod.Journal(path) as journal:
+        journal.append(_observation(repo, 10, "divergent"))
+        kept = journal.append(_observation(repo, 1, "clean"))
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # saved by an editor
+    assert len(journal_mod.read(path).observations) == 2
+
+    code, out, err = run_cli("resume", "--repo", str(repo.path),
+                             "--state-dir", str(tmp_path / "state"))
+    assert code == 0, err
+    assert f"first bad commit: {repo.main[FLIP - 1]}" in out
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert kept in lines and lines[2] == kept
+    assert [e["lifetime_id"] for e in lines[1:3]] == [f"{repo.main[9][:12]}-0",
+                                                      f"{repo.main[0][:12]}-0"]
+
+
 def test_corrupt_complete_last_line_is_cut_before_appending(tmp_path: Path, repo: Repo) -> None:
     path = _started(repo, tmp_path, "true")
     with open(path, "a") as fh:

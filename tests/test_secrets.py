@@ -146,3 +146,90 @@ def test_a_servers_log_keeps_its_bytes_but_not_its_secrets() -> None:
 ])
 def test_ordinary_text_is_left_alone(kept: str) -> None:
     assert redact.text(kept, secrets=()) == kept
+
+
+# ---- issue 38: a long line, a split secret, and the speed of the words' test --------------------
+
+FLUSH_AT = 64 * 1024  # a line with no newline is flushed in pieces of about this much
+
+
+@pytest.mark.parametrize("secret", [HF, OPENAI, f"Authorization: Bearer {BEARER}",
+                                    f"aws_secret_access_key = {AWS_SECRET}"])
+@pytest.mark.parametrize("offset", [1, 5, 13])
+def test_a_secret_split_at_the_flush_point_of_a_long_line_never_reaches_the_log_whole(
+    secret: str, offset: int
+) -> None:
+    """A line with no newline is flushed every 64 KiB; the read that pushes it over ends
+    ``offset`` characters into the secret, so the flush cut it in two and neither half was
+    one (issue 38: it reached the lifetime log whole)."""
+    redactor = LineRedactor()
+    head = ("x " * 20000).encode()  # 40 KB, no newline
+    data = head + b"y" * (FLUSH_AT - len(head)) + b" " + secret.encode()
+    cut = FLUSH_AT + 1 + offset
+    out = redactor.feed(head) + redactor.feed(data[len(head):cut]) + redactor.feed(data[cut:])
+    out += redactor.feed(b" and more\n") + redactor.flush()
+    assert out.count(b"\n") == 1 and len(out) > FLUSH_AT
+    text = out.decode()
+    assert secret.split()[-1] not in text and REDACTED in text
+
+
+def test_a_private_key_over_several_reads_is_redacted_whole() -> None:
+    body = "\n".join("MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" + str(i) * 32 for i in range(6))
+    block = f"-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\nafter\n".encode()
+    redactor = LineRedactor()
+    out = b"".join(redactor.feed(block[i:i + 40]) for i in range(0, len(block), 40))
+    out += redactor.flush()
+    assert b"MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in out and b"after\n" in out
+
+
+def _all_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Every:
+        private_key = token = url = pair = auth = lower_pair = True
+
+        def __init__(self, value: str) -> None:
+            pass
+
+    monkeypatch.setattr(redact, "_Hints", Every)
+
+
+FRAGMENTS = [
+    "x", " ", "\n", "=", ": ", '"', "'", ",", "_", "-", "@", "://", "A", "a", "$", "HF_TOKEN",
+    "MY_API_KEY", "CLIENTSECRET", "GITHUB_PAT", "PASSWORD", "AWS_", "HUGGING_FACE_TOKEN", "KEY",
+    "TOKEN", "COOKIE", "PAT", "CREDENTIALS", "AUTH", "Authorization", "bearer ", "Bearer ",
+    "Proxy-Authorization: ", "token ", "basic ", "password", "PassWd", "api-key", "apikey",
+    "API_KEY", "access_token", "auth_token", "refresh_token", "client_secret", "session_token",
+    "secret_access_key", "aws_secret_access_key", "hf_", "Qx7Qx7Qx7Qx7Qx7Qx7", "sk-", "9",
+    "ghp_", "gho_", "github_pat_", "AKIA", "ASIA", "Q2W3E4R5T6Y7U8I9", "xoxb-", "AIza",
+    "https://u", "http://user:", "pw", "@host/x", "-----BEGIN RSA PRIVATE KEY-----",
+    "-----END RSA PRIVATE KEY-----", "\u0131", "\u017f", "\u212a", "\u0130", "pa\u017f\u017fword",
+    "ap\u0131_key", "beare\u0280", "é", "█",
+]
+
+
+def test_looking_for_the_words_first_redacts_exactly_what_every_shape_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``text`` runs a shape only where the words it needs are present: that test is exact."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=3000, deadline=None, derandomize=True)
+    @given(st.lists(st.sampled_from(FRAGMENTS), max_size=30).map("".join))
+    def same(value: str) -> None:
+        fast = redact.text(value, secrets=())
+        with monkeypatch.context() as m:
+            _all_shapes(m)
+            assert fast == redact.text(value, secrets=()), value
+
+    same()
+
+
+def test_the_characters_that_fold_to_ascii_are_all_known() -> None:
+    """A case-insensitive shape matches an ASCII letter to a few other characters; where one
+    of them is present the words are not looked for in lower case (they would be missed)."""
+    import re
+
+    letter = re.compile("(?i)[a-z]")
+    folds = {chr(cp) for cp in range(128, 0x110000) if letter.fullmatch(chr(cp))
+             and not (chr(cp).lower().isascii() and len(chr(cp).lower()) == 1)}
+    assert folds <= set(redact._FOLDS_TO_ASCII)

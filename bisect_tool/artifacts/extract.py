@@ -8,6 +8,8 @@ and seeks to the member), hashed on the way.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -19,9 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from bisect_tool.errors import ArtifactUnavailable
+from bisect_tool.errors import ArtifactUnavailable, InfrastructureError
 
 CHUNK = 1024 * 1024
+#: The most one wheel member may unpack to. vLLM's largest compiled file is
+#: vllm_flash_attn/_vllm_fa2_C (~300 MB; the whole v0.26.0 wheel unpacks to 732 MB): a member
+#: that claims more is a zip bomb or not a vLLM wheel (issue 38: a 4 MB zip expanded to 4 GiB).
+MAX_MEMBER_BYTES = 2 * 1024**3
+#: A compiled file packs 2-4x; past ``BOMB_FLOOR`` a member that packs more than this is refused.
+MAX_RATIO = 100
+BOMB_FLOOR = 64 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -37,24 +46,49 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def write_failed(dest: Path, exc: OSError, size: int = 0) -> InfrastructureError:
+    """A write that failed, blamed on the disk it went to, never on what was being written
+    (issue 38: a full disk was reported as a damaged wheel, to be fetched again)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InfrastructureError(
+            f"no space left on the disk of {dest.parent} ({exc.strerror}) while writing "
+            f"{dest.name}{f' ({size:,} bytes so far)' if size else ''}; free space there, or "
+            "give a folder on another disk"
+        )
+    return InfrastructureError(f"cannot write {dest} ({exc.strerror or exc})")
+
+
 def write_hashed(source: IO[bytes], dest: Path) -> tuple[str, int]:
     """Copy a stream to ``dest`` through a temp file in the same folder, renamed only when whole.
 
-    Returns (sha256, size). A reader error leaves nothing at ``dest``.
+    Returns (sha256, size). A reader error leaves nothing at ``dest`` and goes to the caller as
+    it is; a write error (a full disk) is an ``InfrastructureError`` naming the disk.
     """
-    dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     size = 0
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
-    tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out:
-            while chunk := source.read(CHUNK):
-                digest.update(chunk)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
+    except OSError as exc:
+        raise write_failed(dest, exc) from None
+    tmp = Path(tmp_name)
+    out = os.fdopen(fd, "wb")
+    try:
+        while chunk := source.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            try:
                 out.write(chunk)
-                size += len(chunk)
-        os.replace(tmp, dest)
+            except OSError as exc:
+                raise write_failed(dest, exc, size) from None
+        try:
+            out.close()
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise write_failed(dest, exc, size) from None
     except BaseException:
+        with contextlib.suppress(OSError):
+            out.close()
         tmp.unlink(missing_ok=True)
         raise
     return digest.hexdigest(), size
@@ -85,6 +119,15 @@ def stream_member(archive: zipfile.ZipFile, member: str, dest: Path) -> tuple[st
         raise ArtifactUnavailable(
             f"{Path(str(archive.filename)).name} has no member {member}{hint}"
         ) from None
+    name = Path(str(archive.filename)).name
+    packed = max(info.compress_size, 1)
+    if info.file_size > MAX_MEMBER_BYTES or (
+            info.file_size > BOMB_FLOOR and info.file_size > MAX_RATIO * packed):
+        raise ArtifactUnavailable(
+            f"{name}: member {member} would unpack to {info.file_size:,} bytes from "
+            f"{info.compress_size:,} (the most taken is {MAX_MEMBER_BYTES:,} bytes, packed at "
+            f"most {MAX_RATIO}x); that is no vLLM wheel: give the release's own wheel"
+        )
     try:
         with archive.open(info) as source:
             return write_hashed(source, dest)
@@ -92,7 +135,7 @@ def stream_member(archive: zipfile.ZipFile, member: str, dest: Path) -> tuple[st
         # A wheel cut short mid-member still has a readable central directory only if the cut
         # falls after it, so a CRC or short-read error here means a damaged download.
         raise ArtifactUnavailable(
-            f"{Path(str(archive.filename)).name}: member {member} is damaged ({exc}); "
+            f"{name}: member {member} is damaged ({exc}); "
             "delete the wheel and fetch it again"
         ) from None
 

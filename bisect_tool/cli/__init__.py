@@ -10,6 +10,7 @@ The stages' own groups live beside them: ``bisect_tool.artifacts.cli``,
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import click
@@ -23,7 +24,7 @@ from bisect_tool.cli.reset import reset
 from bisect_tool.cli.show import log, replay_cmd, report, status
 from bisect_tool.cli.start import plan_command, resume, start
 from bisect_tool.demo.cli import demo_command
-from bisect_tool.errors import BisectError, exit_code_table
+from bisect_tool.errors import BisectError, InfrastructureError, exit_code_table
 from bisect_tool.probes.cli import probe_command, register_commit_prober
 from bisect_tool.runtime.cli import model_group
 from bisect_tool.simulate_cli import simulate_command
@@ -73,3 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("bisect: interrupted; `bisect resume` continues where it stopped", err=True)
         sys.exit(130)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A full disk wherever no step names it itself: one line, never a traceback (issue 38)
+        where = f" writing {exc.filename}" if exc.filename else ""
+        click.echo(f"bisect: no space left on the disk{where} ({exc.strerror}); free space "
+                   "there, then `bisect resume`", err=True)
+        sys.exit(InfrastructureError.exit_code)

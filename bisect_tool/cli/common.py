@@ -29,6 +29,9 @@ def state_dir_of(repo: Path, state_dir: Path | None, *, releases: bool = False) 
             raise StateDirUnusable(
                 f"--state-dir {state_dir} is a file, not a folder; pass a folder you can write"
             )
+        from bisect_tool.statedir import check_location
+
+        check_location(state_dir)  # not among git's own files (issue 38: broken refs)
         return state_dir
     from bisect_tool.statedir import STATE_SUBDIR, find_clone
 
@@ -77,10 +80,24 @@ repo_option = click.option(
     callback=_top_of_clone,
     help="The target repository (your vLLM clone; any folder inside it).",
 )
+def _state_dir_given(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> Path | None:
+    """``--state-dir`` as a path; an empty one (``--state-dir "$UNSET"``) is refused: it read
+    as ``.`` and put the journal, the lock and logs/ into the current folder."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter("is empty (an unset variable?); give a folder, or leave "
+                                 "--state-dir out", ctx=ctx, param=param)
+    return Path(value)
+
+
 state_option = click.option(
     "--state-dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(),
     default=None,
+    callback=_state_dir_given,
     help="Where the journal and logs live (default: <repo>/.git/bisect-tool).",
 )
 

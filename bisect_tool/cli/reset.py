@@ -43,7 +43,14 @@ def reset(repo: Path, state_dir: Path | None) -> None:
                 session_id = str(journal_mod.read(journal_path).header.get("session", ""))
             except StateError:
                 session_id = ""
-        ended = _end_leftovers(repo, path, session_id)
+        # A copy (`cp -a`) of a live state dir names the live run's probes and session: they
+        # are not this folder's to end (issue 38: reset of a copy killed the live run's probe).
+        copy = statedir.copied_from(path)
+        if copy:
+            session_id = ""
+            notice(f"{path} is a copy of another state dir (its mark names another folder): "
+                   "the processes it records are that one's, and are left running")
+        ended = 0 if copy else _end_leftovers(repo, path, session_id)
         # Only this bisect's leftovers: another bisect may be running on this host (another
         # repo or state dir) and its lifetimes must survive our reset.
         if session_id:

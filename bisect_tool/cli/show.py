@@ -3,6 +3,7 @@ without running anything."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -181,6 +182,7 @@ def report(
     from bisect_tool.report import render_report
 
     path = journal_file or _report_journal(repo, state_dir)
+    _check_outputs(path, journal_file, repo, state_dir, output=output, plot=plot)
     # the plot is linked from where the report is read: beside -o, else the current folder
     text = render_report(path, fmt, plot, link_from=output.parent if output else Path.cwd())
     if output:
@@ -194,6 +196,27 @@ def report(
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)
+
+
+def _check_outputs(
+    journal: Path, journal_file: Path | None, repo: Path, state_dir: Path | None,
+    **targets: Path | None,
+) -> None:
+    """-o and --plot never land on a journal or inside a state dir (``statedir.check_output``):
+    the state dir of --repo/--state-dir, and the folder of --journal where it is one."""
+    from bisect_tool import statedir
+    from bisect_tool.errors import BisectError
+
+    homes: list[Path | None] = []
+    with contextlib.suppress(BisectError):  # outside a clone, with --journal: none to guard
+        homes.append(state_dir_of(repo, state_dir))
+    if journal_file is not None and statedir.looks_like_state_dir(journal_file.parent):
+        homes.append(journal_file.parent)
+    for flag, target in targets.items():
+        if target is None:
+            continue
+        for home in homes or [None]:
+            statedir.check_output(target, "-o" if flag == "output" else "--plot", journal, home)
 
 
 def _report_journal(repo: Path, state_dir: Path | None) -> Path:

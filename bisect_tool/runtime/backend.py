@@ -15,7 +15,7 @@ from typing import Generic, TypeAlias, TypeVar
 
 import httpx
 
-from bisect_tool.errors import IncompatibleExtension
+from bisect_tool.errors import IncompatibleExtension, InfrastructureError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
 from bisect_tool.recipe import RuntimeSettings
 from bisect_tool.runtime import schemas
@@ -55,6 +55,7 @@ class Backend(abc.ABC, Generic[L]):
         self._gate_locks: dict[GateKey, threading.Lock] = {}
         self._live: dict[str, L] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
     def log_path(self, spec: LifetimeSpec) -> Path:
         """Where the lifetime's output goes (beside the journal, named by its lifetime id)."""
@@ -76,6 +77,10 @@ class Backend(abc.ABC, Generic[L]):
         """The lifetime booted by ``launch(port)`` through the loop every backend shares
         (``serve_lifetime``: /health, another port on a lost race, teardown), kept among this
         backend's live ones while it runs."""
+        if self._closed:
+            # the run is over (Ctrl-C, SIGTERM): a thread still at work (the controls, never
+            # waited for) must not boot another server after its own was stopped (issue 38)
+            raise InfrastructureError(f"the run is stopping: {spec.lifetime_id} is not booted")
         with self._client() as http, serve_lifetime(
             spec.lifetime_id,
             self.log_path(spec),
@@ -96,6 +101,7 @@ class Backend(abc.ABC, Generic[L]):
         threads stop now instead of at the end of their probe.
         """
         with self._lock:
+            self._closed = True
             live = list(self._live.values())
         for running in live:
             running.stop(self.grace_s)
