@@ -207,11 +207,12 @@ class ControlsRunner:
 
 
 def server_probe_factory(probe: ProbeSettings, model: str | None) -> Callable[[bool], Any]:
-    """(sequential) -> the determinism probe of one lifetime (sequential: the negative control)."""
-    from bisect_tool.probes.server import ServerDeterminismProbe
+    """(sequential) -> the determinism probe of one lifetime (sequential: the negative control),
+    of the recipe's ``[probe] mode``."""
+    from bisect_tool.probes.batch_sizes import server_probe
 
     def factory(sequential: bool) -> Any:
-        return ServerDeterminismProbe(probe, model=model, sequential=sequential)
+        return server_probe(probe, model=model, sequential=sequential)
 
     return factory
 

@@ -163,9 +163,9 @@ def _probe_server(
     url: str, settings: ProbeSettings, sequential: bool, model: str | None
 ) -> ProbeResult:
     check_server_url(url)
-    from bisect_tool.probes.server import ServerDeterminismProbe  # httpx only when needed
+    from bisect_tool.probes.batch_sizes import server_probe  # httpx only when needed
 
-    probe = ServerDeterminismProbe(settings, model=model, sequential=sequential)
+    probe = server_probe(settings, model=model, sequential=sequential)
     return probe.run(ServerHandle(url=url, lifetime_id="cli", log_path=Path(os.devnull)))
 
 

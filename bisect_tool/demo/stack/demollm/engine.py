@@ -298,7 +298,7 @@ class LLMEngine:
             sums = [s.copy() for s in self.prefix_cache[tuple(prompt[:cached])]]
         else:
             sums = self.model.new_sums()
-        snap_at = ()
+        snap_at: tuple[int, ...] = ()
         if self.options.prefix_caching:
             snap_at = tuple(range(cached + PREFIX_BLOCK, len(prompt) + 1, PREFIX_BLOCK))
         return Segment(np.array([], dtype=np.int64), sums, cached, snap_at)
