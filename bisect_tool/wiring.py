@@ -122,7 +122,7 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
 
         def controls_for(commit: str) -> ControlsRunner:
             return controls_runner(w.recipe.probe, evaluator, commit, w.tags,
-                                   gpu_lease=pool.controls_lease)
+                                   gpu_lease=pool.controls_lease, recipe_env=runtime.env)
 
         # The fast stand-in runs on the same artifacts (one cache). It also asks the gate
         # whether the faithful tier could run each candidate, so the confirm step never picks

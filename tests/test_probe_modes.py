@@ -189,3 +189,51 @@ def test_the_pinned_kernel_diverges_alone_vs_in_a_big_batch() -> None:
     with demo_server(ensure_pinned_build(), BI, EAGER) as url:
         result = probe(url, big)
     assert result.verdict is Verdict.DIVERGENT, result.message
+
+
+# ---- suspects: which setting shows the divergence ----------------------------------------------
+
+
+def test_suspect_findings_as_plain_values() -> None:
+    from bisect_tool.interfaces import ProbeResult
+    from bisect_tool.probes.controls import suspect_findings, suspect_values
+
+    assert suspect_values({"A": "0, 1", "B": "x"}) == [("A", "0"), ("A", "1"), ("B", "x")]
+    clean, bad = ProbeResult(Verdict.CLEAN, {}, ""), ProbeResult(Verdict.DIVERGENT, {}, "")
+    odd = ProbeResult(Verdict.INCONCLUSIVE, {}, "")
+    found = suspect_findings({"A=0": [clean, clean], "A=1": [bad, odd]}, {"A": "0"}, "v0.27.0")
+    assert [s["divergent"] for s in found["settings"]] == [0, 1]  # type: ignore[index]
+    (words,) = found["findings"]  # type: ignore[misc]
+    assert "A=0 (the setting this run used): divergent in 0 of 2" in words
+    assert "A=1: divergent in 1 of 1 conclusive" in words
+    assert "on v0.27.0 only A=1 shows divergence" in words and "this run used A=0" in words
+    both = suspect_findings({"A=0": [bad], "A=1": [bad]}, {}, "v0.26.0")["findings"]
+    assert "every value shows divergence: A is not what carries it" in str(both)
+    assert "this run left A unset" in str(both)
+
+
+def test_the_controls_say_which_sampler_setting_shows_divergence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bisect probe --commit v0.27.0 --controls` on the demo with [probe.suspects]: the fixed
+    kernel stays clean with the sampler off (the recipe's setting) and diverges with it on."""
+    from bisect_tool.cli import main
+    from bisect_tool.demo import pinned
+    from bisect_tool.demo.cli import write_recipe
+
+    pinned.ensure_pinned_build()
+    history = generate(tmp_path / "repo", commits=80)
+    recipe = write_recipe(tmp_path / "demo.toml", tmp_path / "cache")
+    text = recipe.read_text().replace(
+        "[runtime.env]\n", '[runtime.env]\nVLLM_USE_FLASHINFER_SAMPLER = "0"\n')
+    recipe.write_text(text + '\n[probe.suspects]\nVLLM_USE_FLASHINFER_SAMPLER = "0,1"\n')
+    argv = ["probe", "--commit", history.good_tag, "--recipe", str(recipe), "--repo",
+            str(history.repo), "--lifetimes", "0", "--controls", "--state-dir",
+            str(tmp_path / "state")]
+    with pytest.raises(SystemExit):
+        main(argv)
+    out = capsys.readouterr().out
+    assert "== suspect VLLM_USE_FLASHINFER_SAMPLER=0" in out
+    assert ("suspects: VLLM_USE_FLASHINFER_SAMPLER=0 (the setting this run used): divergent in "
+            "0 of 2") in out
+    assert "only VLLM_USE_FLASHINFER_SAMPLER=1 shows divergence" in out, out[-3000:]

@@ -63,6 +63,9 @@ def controls(contents: JournalContents, commits: Sequence[Mapping[str, Any]],
         "positive": positive,
         "negative": negative,
         "positive_diverged": positive["verdict"] == "DIVERGENT",
+        # [probe] suspects: which settings showed divergence, in words (probes.controls)
+        "suspects": [no_local_paths(rename(str(f), commits))
+                     for f in (last.get("suspects") or {}).get("findings") or []],
         "negative_clean": negative["verdict"] == "CLEAN",
         "refused": [{"candidate": name(by_sha[str(e.get("commit"))])
                      if str(e.get("commit")) in by_sha else short_ref(str(e.get("commit"))),
