@@ -133,4 +133,8 @@ def render_op_detail(detail: Mapping[str, Any]) -> str:
             f"{detail.get('device', '?')}, env {detail.get('env', {})})")
     if not rows:
         return head + "\n\nno cases ran" + (f": {detail['error']}" if detail.get("error") else "")
-    return head + "\n\n" + _table(["op", "dtype", "hidden", "differing", "max abs diff"], rows)
+    absent = detail.get("not_registered") or []
+    tail = f"\n\nNot registered by this extension (not checked): {', '.join(absent)}" if absent \
+        else ""
+    return head + "\n\n" + _table(["op", "dtype", "hidden", "differing", "max abs diff"],
+                                    rows) + tail
