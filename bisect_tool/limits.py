@@ -107,7 +107,7 @@ CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
               "mode": ("repeats", "bs1-vs-bsN")},
     "runtime": {"backend": ("local", "docker", "ray"),
                 "docker_gpu": ("auto", "toolkit", "devices")},
-    "artifacts": {"build_executor": ("docker", "host")},
+    "artifacts": {"build_executor": ("docker", "host"), "python_side": ("pinned", "candidate")},
 }
 #: the artifact sources a recipe may list (bisect_tool.artifacts.KNOWN_SOURCES, kept equal by
 #: tests/test_inputs.py; not imported from there: that package imports the recipe module)

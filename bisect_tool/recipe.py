@@ -55,6 +55,11 @@ class ArtifactSettings:
     max_jobs: int = 2
     cache_dir: str = ""  # default: $BISECT_CACHE_DIR, else the user cache dir (platformdirs)
     cache_max_bytes: int = 20 * 1024**3
+    # "pinned": candidates swap their compiled files over the pinned Python side; "candidate":
+    # each candidate runs its own Python package (git archive of the commit) with its own
+    # compiled files, as a VLLM_USE_PRECOMPILED build does (bisect_tool/artifacts/whole.py):
+    # a bisect of whole commits, for a change on the Python side (needs a clone)
+    python_side: str = "pinned"
     # Candidates fetched or built ahead of the one the next decision needs (--prefetch K); a
     # run then builds at most K more than it runs. -1: the run chooses from its measured costs
     # (0 for source builds on the machine the probe keeps busy; bisect_tool/lookahead.py).
@@ -363,6 +368,12 @@ def check_whole(recipe: Recipe, source: str) -> None:
             f"{source}: 'probe.batch_sizes' {list(sizes)} and 'probe.needles' {p.needles} need "
             f"batches of at most requests + fillers ({total}) holding every needle; add "
             "requests or lower them"
+        )
+    if recipe.artifacts.python_side == "candidate" and r.backend != "local":
+        raise RecipeError(
+            f"{source}: 'artifacts.python_side' = \"candidate\" lays each candidate's package "
+            f"in place of the pinned one with the local backend, not {r.backend!r}; set "
+            "[runtime] backend = \"local\""
         )
     if any(not g.strip() for g in r.gpus):
         raise RecipeError(f"{source}: 'runtime.gpus' holds an empty GPU id; give ids like [\"0\"]")

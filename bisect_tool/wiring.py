@@ -223,6 +223,12 @@ def open_provider(
     with make_provider(
         recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session
     ) as provider:
+        if recipe.artifacts.python_side == "candidate":
+            # whole commits: each candidate's own package with its compiled files (issue 40)
+            from bisect_tool.artifacts.whole import WholeCommitProvider
+
+            yield WholeCommitProvider(provider, provider.cache, repo, recipe.artifacts.package)
+            return
         yield provider
 
 

@@ -224,7 +224,8 @@ def start(
         if locate_first:
             if recipe_obj is None:
                 raise UsageError("--locate needs --recipe (it boots the recipe's server)")
-            locate_before_bisect(recipe_obj, good, bad, repo, request, release_request, observer)
+            request = locate_before_bisect(recipe_obj, good, bad, repo, request,
+                                           release_request, observer)
         outcome = run.start(request, observer)
     print_outcome(outcome)
 
