@@ -23,6 +23,7 @@ from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
 from bisect_tool.events import Observer, ignore, notes_to
 from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
+from bisect_tool.newer_tests import NewerTests
 from bisect_tool.recipe import Recipe, RuntimeSettings
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.tiers import Tier
@@ -172,14 +173,15 @@ def _run_command(w: Wiring) -> Iterator[Evaluators]:
 
 def command_evaluator(
     command: str, timeout_s: float, *, repo: Path, state_dir: Path, session: str,
-    observer: Observer = ignore,
+    observer: Observer = ignore, test_from: NewerTests | None = None,
 ) -> Evaluator:
-    """``bisect start --run CMD``: the command in a worktree of each candidate."""
+    """``bisect start --run CMD``: the command in a worktree of each candidate (with a newer
+    commit's test files in it: ``--test-from``)."""
     from bisect_tool.evaluate import RunCommandEvaluator
 
     return RunCommandEvaluator(
         repo, command, timeout_s, state_dir=state_dir, session=session,
-        progress=notes_to(observer),
+        progress=notes_to(observer), test_from=test_from,
     )
 
 
