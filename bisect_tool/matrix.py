@@ -254,8 +254,8 @@ def conclude(
 MEANING: dict[Explanation, str] = {
     Explanation.COMPILED: "the compiled side carries the change: bisect with the swap set, the "
     "Python side pinned",
-    Explanation.PYTHON: "the Python side carries the change: bisect whole commits, each "
-    "candidate's own Python side with its own compiled files (`bisect start --locate` does)",
+    Explanation.PYTHON: "the Python side carries the change: bisect with whole wheels or --run, "
+    "the compiled side pinned",
     Explanation.INTERACTION: "an interaction: only the bad end's Python and compiled side "
     "together show it",
     Explanation.EITHER: "both sides carry a change: either one alone shows it",
