@@ -237,3 +237,35 @@ def test_the_controls_say_which_sampler_setting_shows_divergence(
     assert ("suspects: VLLM_USE_FLASHINFER_SAMPLER=0 (the setting this run used): divergent in "
             "0 of 2") in out
     assert "only VLLM_USE_FLASHINFER_SAMPLER=1 shows divergence" in out, out[-3000:]
+
+
+def test_the_report_names_which_setting_showed_divergence(tmp_path: Path) -> None:
+    from test_report import FULL, STATE, server_result, write_journal
+
+    from bisect_tool import journal
+    from bisect_tool.interfaces import ProbeResult
+    from bisect_tool.journal import Journal
+    from bisect_tool.probes.controls import ControlsResult, suspect_findings
+    from bisect_tool.report import build_report, render_json, render_markdown
+
+    first = tmp_path / "first.jsonl"
+    write_journal(first)
+    contents = journal.read(first)
+    clean, bad = ProbeResult(Verdict.CLEAN, {}, ""), ProbeResult(Verdict.DIVERGENT, {}, "")
+    found = suspect_findings({"VLLM_USE_FLASHINFER_SAMPLER=0": [clean, clean],
+                              "VLLM_USE_FLASHINFER_SAMPLER=1": [bad, bad]},
+                             {"VLLM_USE_FLASHINFER_SAMPLER": "0"}, "v0.27.0")
+    path = tmp_path / journal.JOURNAL_NAME
+    with Journal(path) as j:
+        j.append(contents.header)
+        held = ControlsResult(server_result("p", 3, FULL), ProbeResult(
+            Verdict.CLEAN, server_result("n", 1, FULL).detail, "sequential"))
+        j.append({"type": "controls", **held.to_detail(), "suspects": found})
+    report = build_report(journal.read(path), STATE)
+    line = next(x for x in render_markdown(report).splitlines() if "- Suspect" in x)
+    plain = line.replace("\\", "")  # Markdown escapes
+    assert plain.startswith("- Suspect, with batch invariance as every lifetime had it: "
+                            "VLLM_USE_FLASHINFER_SAMPLER=0 (the setting this run used): "
+                            "divergent in 0 of 2")
+    assert "only VLLM_USE_FLASHINFER_SAMPLER=1 shows divergence" in plain
+    assert "only VLLM_USE_FLASHINFER_SAMPLER=1" in render_json(report)
