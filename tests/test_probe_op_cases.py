@@ -237,3 +237,38 @@ def test_the_op_evaluator_hands_the_other_extensions_over(tmp_path: Path) -> Non
 
     OpEvaluator(Given(), Probe(), {}, {}).evaluate("c" * 40, "l")  # type: ignore[arg-type]
     assert seen == [(files["_C.abi3.so"], [files["_moe_C.abi3.so"]])]
+
+
+def test_an_optional_op_that_cannot_run_is_named_and_the_rest_stands() -> None:
+    import argparse
+
+    from bisect_tool.probes.op import op_verdict, summarize_cases
+    from bisect_tool.probes.op_child import _run_cases
+    from bisect_tool.probes.render import render_op_detail
+
+    args = argparse.Namespace(dtypes=["bfloat16"], hidden=[512], seeds=2,
+                              optional_ops=["rms_norm_per_block_quant"])
+
+    def run_case(name: str, dtype: str, hidden: int, seed: int) -> tuple[bool, float]:
+        if name == "rms_norm_per_block_quant":
+            raise RuntimeError("no kernel for this group size on this device")
+        return name != "fused_add_rms_norm", 0.0 if name == "rms_norm" else 1e-3
+
+    report: dict[str, Any] = {"cases": []}
+    ops = ["rms_norm", "fused_add_rms_norm", "rms_norm_per_block_quant"]
+    assert _run_cases(args, report, ops, run_case, str, "cuda",
+                      checked=("rms_norm", "fused_add_rms_norm", "rms_norm_per_block_quant")) == 0
+    assert {c["op"] for c in report["cases"]} == {"rms_norm", "fused_add_rms_norm"}
+    assert "no kernel for this group size" in report["not_checked"]["rms_norm_per_block_quant"]
+    summary = summarize_cases(report["cases"])
+    summary["not_checked"] = report["not_checked"]
+    verdict, message = op_verdict(summary)
+    assert verdict is Verdict.DIVERGENT and "fused_add_rms_norm bfloat16 h512: 2/2" in message
+    assert "could not be checked: rms_norm_per_block_quant" in message
+    assert "Could not be checked: rms_norm_per_block_quant" in render_op_detail(summary)
+    # a required op that fails still fails the whole check
+    report = {"cases": []}
+    assert _run_cases(argparse.Namespace(dtypes=["float16"], hidden=[512], seeds=1),
+                      report, ["rms_norm_per_block_quant"], run_case, str, "cuda",
+                      checked=("rms_norm_per_block_quant",)) == 2
+    assert "no kernel" in report["error"]

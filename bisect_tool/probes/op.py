@@ -53,7 +53,9 @@ def op_verdict(summary: Mapping[str, Any]) -> tuple[Verdict, str]:
     if summary["total"] == 0:
         return Verdict.UNTESTABLE, "no op case ran"
     absent = summary.get("not_registered") or []
+    failed = summary.get("not_checked") or {}
     unchecked = f"; not registered here: {', '.join(absent)}" if absent else ""
+    unchecked += f"; could not be checked: {', '.join(failed)}" if failed else ""
     if summary["differing"]:
         parts = [f"{g['op']} {g['dtype']} h{g['hidden']}: {g['differing']}/{g['total']}"
                  for g in summary["groups"] if g["differing"]]
@@ -143,13 +145,15 @@ class OpProbe:
                 f"op check exited {ran.code} without a result: {tail}",
             )
         detail.update({k: report.get(k) for k in ("torch", "abi", "rng", "device", "env",
-                                                  "schemas", "not_registered") if k in report})
+                                                  "schemas", "not_registered", "not_checked")
+                       if k in report})
         if report.get("error"):
             detail["error"] = report["error"]
             return ProbeResult(Verdict.UNTESTABLE, detail,
                                f"{report['error']}; fix: {report.get('fix', '')}")
         summary = summarize_cases(report["cases"])
         summary["not_registered"] = list(report.get("not_registered") or [])
+        summary["not_checked"] = dict(report.get("not_checked") or {})
         detail.update(summary)
         detail["row_counts"] = list(self.settings.row_counts)
         verdict, message = op_verdict(summary)

@@ -136,5 +136,7 @@ def render_op_detail(detail: Mapping[str, Any]) -> str:
     absent = detail.get("not_registered") or []
     tail = f"\n\nNot registered by this extension (not checked): {', '.join(absent)}" if absent \
         else ""
+    for op, why in (detail.get("not_checked") or {}).items():
+        tail += f"\n\nCould not be checked: {op}: {_cell(why)}"
     return head + "\n\n" + _table(["op", "dtype", "hidden", "differing", "max abs diff"],
                                     rows) + tail
