@@ -29,11 +29,11 @@ from typing import Any
 import httpx
 
 from bisect_tool.interfaces import ProbeResult, ServerHandle
+from bisect_tool.probes.apart import notes, pairs_apart
 from bisect_tool.probes.compare import (
     ResponseFormatError,
     Sample,
     compare_repeats,
-    diff_samples,
     parse_completion,
 )
 from bisect_tool.probes.metrics import (
@@ -210,25 +210,7 @@ class ServerDeterminismProbe:
         return verdict, message + self._notes(detail)
 
     def _notes(self, detail: dict[str, Any]) -> str:
-        """What the message adds to the verdict: what was reported apart, what this machine
-        may have changed. None of it changes the verdict."""
-        notes = ""
-        warm = detail.get("warmup") or {}
-        if warm.get("differing"):
-            notes += (f"; warm-up: {len(warm['differing'])} of the first {warm['requests']} "
-                      "requests after start-up answered differently from themselves later "
-                      "(graph capture, JIT warm-up: vLLM #33537), reported apart, not counted")
-        cache = detail.get("prefix_cache") or {}
-        if cache.get("differs"):
-            notes += ("; prefix caching: a prompt answered differently cold and warm "
-                      f"({cache.get('hit_tokens')} tokens from the cache: vLLM #40896, "
-                      "#42019), reported apart, not counted")
-        if detail.get("late_arrivals"):
-            notes += (
-                f"; {detail['late_arrivals']} requests reached the engine after the step they "
-                "arrived for had formed: how steps formed depended on this machine's speed"
-            )
-        return notes
+        return notes(detail)
 
     # -- reported apart: the first requests after start-up, prefix caching cold and warm ------
 
@@ -296,7 +278,7 @@ class ServerDeterminismProbe:
         if first:
             later = await self._one_by_one(client, slots, url, bodies[: len(first)],
                                            "the warm-up requests again", is_alive, detail)
-            detail["warmup"] = _pairs_apart(first, later, "requests")
+            detail["warmup"] = pairs_apart(first, later, "requests")
         if not self.settings.prefix_cache_check:
             return
         s = self.settings
@@ -306,7 +288,7 @@ class ServerDeterminismProbe:
         cold, warm = await self._one_by_one(client, slots, url, [body, body],
                                             "the prefix-cache check", is_alive, detail)
         after = await self._counter(client, url, PREFIX_CACHE_HITS)
-        found = _pairs_apart([cold], [warm], "prompts")
+        found = pairs_apart([cold], [warm], "prompts")
         detail["prefix_cache"] = {
             "prompt_tokens": len(prompt),
             "differs": bool(found["differing"]),
@@ -507,21 +489,3 @@ def _name(label: str | int) -> str:
         return "the priming pass"
     return f"repeat {label}" if isinstance(label, int) else label
 
-
-def _pairs_apart(
-    first: Sequence[Sample], later: Sequence[Sample], what: str
-) -> dict[str, Any]:
-    """Which of ``first`` answered differently from ``later`` (same order), bitwise, and by
-    how much: the detail of something reported apart from the verdict."""
-    differing: list[int] = []
-    delta = 0.0
-    moved = False
-    for i, (a, b) in enumerate(zip(first, later, strict=True)):
-        d = diff_samples(a, b)
-        if d is None:
-            continue
-        differing.append(i)
-        delta = max(delta, d.max_abs_delta)
-        moved = moved or d.tokens_moved
-    return {what: len(first), "differing": differing, "max_abs_logprob_delta": delta,
-            "tokens_moved": moved}
