@@ -272,3 +272,18 @@ def test_an_optional_op_that_cannot_run_is_named_and_the_rest_stands() -> None:
                       report, ["rms_norm_per_block_quant"], run_case, str, "cuda",
                       checked=("rms_norm_per_block_quant",)) == 2
     assert "no kernel" in report["error"]
+
+
+def test_the_moe_recipes_op_check_asks_for_the_moe_ops_beside_the_norms(tmp_path: Path) -> None:
+    from bisect_tool import recipe
+
+    probe = recipe.load("batch-invariance-moe").probe
+    cmd = OpProbe(probe, python="/opt/py").command(tmp_path / "_C.so", [tmp_path / "_moe_C.so"])
+    joined = " ".join(cmd)
+    assert "--ops rms_norm fused_add_rms_norm --optional-ops _moe_C::topk_softmax _moe_C::moe_sum" \
+        in joined
+    assert f"--also-load {tmp_path / '_moe_C.so'}" in joined and "--dtypes bfloat16" in joined
+    # each planned against its vLLM schema with the values the check gives
+    for op in probe.optional_ops:
+        _, args = parse_schema(VLLM_SCHEMAS[op.split("::")[-1]])
+        assert any(a.written for a in args)
