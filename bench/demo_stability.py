@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(r)
                     if r.get("flip_commit") != r.get("planted_commit") and args.keep:
                         # the evidence of a failed run outlives the temp dir
-                        shutil.copytree(root / f"run-{n}" / "state",
+                        shutil.copytree(r.get("state_dir") or root / f"run-{n}" / "state",
                                         args.keep / f"{load}-{n}", dirs_exist_ok=True)
                     print(f"{load} run {n}: rc={r['rc']} found="
                           f"{r.get('flip_commit') == r.get('planted_commit')} confidence="

@@ -247,7 +247,7 @@ class Engine:
         obs = self._arm(item).evaluate(item.commit, item.lifetime_id, item.tags)
         self.observer(LifetimeEnded(
             obs.commit, item.lifetime_id, str(obs.verdict), obs.message, obs.duration_s,
-            obs.detail,
+            obs.detail, item.arm,
         ))
         return obs
 

@@ -60,6 +60,7 @@ class LifetimeEnded:
     message: str
     duration_s: float
     detail: dict[str, Any]
+    tier: str = ""  # "narrow": a run of the fast probe (the op check), not a server lifetime
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from bisect_tool import session
 from bisect_tool.events import Note, Observer
 from bisect_tool.request import Carried, StartRequest
 from bisect_tool.tiers import Tier
-from bisect_tool.values import Direction
+from bisect_tool.values import Direction, percent
 from bisect_tool.verdict import EndState
 
 HANDOVER_NAME = "journal.next.jsonl"
@@ -62,7 +62,7 @@ def commit_request(
     nxt = journal_path.with_name(HANDOVER_NAME)
     nxt.unlink(missing_ok=True)
     observer(Note(
-        f"first {'good' if fix else 'bad'} release {new_c.label} ({mass:.1%}); going on to "
+        f"first {'good' if fix else 'bad'} release {new_c.label} ({percent(mass)}); going on to "
         f"the commits between {old_c.tags[0]} and {new_c.tags[0]} in {repo}"
     ))
     return StartRequest(

@@ -33,7 +33,7 @@ from bisect_tool.interfaces import Evaluator
 from bisect_tool.matrix import CELLS, GG, MEANING, Cell, CellCounts, Explanation, Finding, Side
 from bisect_tool.range import Candidate
 from bisect_tool.recipe import Recipe
-from bisect_tool.values import short
+from bisect_tool.values import percent, short
 from bisect_tool.verdict import EndState
 
 LOCATE_JOURNAL = "locate.jsonl"
@@ -392,7 +392,7 @@ def render(outcome: LocateOutcome) -> str:
     good, bad = _name(outcome.good), _name(outcome.bad)
     lines = [
         f"locate {bad} (bad) .. {good} (good): {f.explanation} "
-        f"({f.probability:.1%}{'' if f.decided else ', below the asked confidence'})",
+        f"({percent(f.probability)}{'' if f.decided else ', below the asked confidence'})",
         "",
         f"{'cell':<50} {'divergent':>9} {'lifetimes':>9}",
     ]

@@ -5,6 +5,10 @@ it spends a build or a GPU minute, and whether this machine can run it at all.
   where its swap set would come from (cache, wheel index, release wheel, local, source build;
   ``bisect_tool.artifacts.origins``: looked up, never fetched or built) and, where the artifact
   is at hand (the cache), whether the compatibility gate rejects it.
+- **Availability and bytes**: how many candidates have a wheel, how many need a build and why
+  the wheel index has none for them (not on main, too new, the variant missing), and the bytes
+  the wheel-index candidates will move (the swap-set members and the central directory, read
+  from one wheel's central directory: an estimate for the others).
 - **What it would cost**: the real search (``designs.bisect``, the run's own decision code,
   as ``bisect_tool.simulate`` drives it) on simulated histories at an assumed p (the prior's
   mean unless ``--p``) and q, with the flip anywhere: the op runs, lifetimes, candidates, builds
@@ -37,8 +41,8 @@ from bisect_tool.tiers import Tier
 from bisect_tool.values import ProbeKind
 
 if TYPE_CHECKING:
-    from bisect_tool.artifacts.origins import Origin
-    from bisect_tool.range import Candidate
+    from bisect_tool.artifacts.origins import FetchEstimate, Origin
+    from bisect_tool.range import CommitRange
     from bisect_tool.request import StartRequest
 
 #: simulated runs behind the expected costs (seeded: the same plan prints the same numbers)
@@ -211,10 +215,43 @@ class CandidateLine:
     origin: str  # how the plan names the source ("cache", "source build", ...; "" in --run)
     detail: str  # its URL, path, or why no source has it
     gate: str  # "ok", the gate's message, or "" (not asked: the artifact is not at hand)
+    no_wheel: str = ""  # why the wheel index has none ("" where it has one or was not asked)
+    no_wheel_kind: str = ""  # its kind ("not on main", "too new", "variant missing", ...)
     where: str = ""  # off the main line: its branch and the main commit it copies
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Availability:
+    """The candidates by where their swap set comes from, and why the wheel index has none
+    for those it has none for."""
+
+    by_origin: Mapping[str, int]  # "wheel index" -> 12, "source build" -> 3, ...
+    no_wheel: Mapping[str, int]  # NoWheel kind -> candidates
+    reasons: Mapping[str, str]  # NoWheel kind -> one message of that kind
+    fetch: FetchEstimate | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        fetch = None
+        if self.fetch is not None:
+            fetch = {**dataclasses.asdict(self.fetch), "total": self.fetch.total,
+                     "exact": self.fetch.exact}
+        return {"by_origin": dict(self.by_origin), "no_wheel": dict(self.no_wheel),
+                "reasons": dict(self.reasons), "fetch": fetch}
+
+
+def availability(lines: Sequence[CandidateLine], fetch: FetchEstimate | None) -> Availability:
+    by_origin: dict[str, int] = {}
+    no_wheel: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+    for line in lines:
+        by_origin[line.origin] = by_origin.get(line.origin, 0) + 1
+        if line.no_wheel_kind:
+            no_wheel[line.no_wheel_kind] = no_wheel.get(line.no_wheel_kind, 0) + 1
+            reasons.setdefault(line.no_wheel_kind, line.no_wheel)
+    return Availability(by_origin, no_wheel, reasons, fetch)
 
 
 @dataclass(frozen=True)
@@ -230,6 +267,7 @@ class Plan:
     unreachable: Mapping[str, str]  # sources that could not be asked, and why
     gate_note: str  # why the gate was not asked, if it was not
     expected: Expected
+    available: Availability | None = None  # (recipe mode only)
     placement: tuple[str, ...] = ()  # where the range sits (range.placement), one line each
 
     @property
@@ -246,6 +284,7 @@ class Plan:
             "unreachable": dict(self.unreachable),
             "gate_note": self.gate_note,
             "expected": dataclasses.asdict(self.expected),
+            "availability": self.available.to_dict() if self.available else None,
             "placement": list(self.placement),
         }
 
@@ -265,9 +304,8 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
         mode="run" if request.run_command else ("recipe" if recipe else "manual"),
         **extra,
     )
-    candidates = commit_range.candidates
     checks = environment(recipe)
-    lines, unreachable, gate_note = _candidate_lines(recipe, candidates, request, checks)
+    lines, unreachable, gate_note, fetch = _candidate_lines(recipe, commit_range, request, checks)
     rejected = frozenset(c.position for c in lines if c.gate not in ("", "ok"))
     cached = frozenset(c.position for c in lines if c.origin == "cache")
     builds_at = frozenset(c.position for c in lines if c.origin == "source build")
@@ -292,33 +330,44 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
         unreachable=unreachable,
         gate_note=gate_note,
         expected=expected,
+        available=availability(lines, fetch) if recipe is not None else None,
         placement=tuple(placement(commit_range)) if extra.get("level") != "release" else (),
     )
 
 
 def _candidate_lines(
     recipe: Recipe | None,
-    candidates: Sequence[Candidate],
+    commit_range: CommitRange,
     request: StartRequest,
     checks: Sequence[Check],
-) -> tuple[list[CandidateLine], dict[str, str], str]:
+) -> tuple[list[CandidateLine], dict[str, str], str, FetchEstimate | None]:
+    candidates = commit_range.candidates
     if recipe is None:
         where = "a worktree runs --run" if request.run_command else "you judge it"
-        return [CandidateLine(i, c.sha, c.label, c.subject, "", where, "", c.provenance())
-                for i, c in enumerate(candidates)], {}, ""
+        return [CandidateLine(i, c.sha, c.label, c.subject, "", where, "",
+                              where=c.provenance())
+                for i, c in enumerate(candidates)], {}, "", None
     from bisect_tool.artifacts.origins import locate_all
+    from bisect_tool.artifacts.sources import CommitFacts
 
     repo = request.repo if request.releases is None or request.releases.then_commits else None
-    origins, unreachable = locate_all(
-        recipe.artifacts, [(c.sha, c.tags) for c in candidates], repo
+    # The range marks a candidate off the main line (a release branch's commit has no wheel,
+    # vLLM #16217) where it knows; the commit time comes from the clone.
+    facts = {c.sha: CommitFacts(on_mainline=c.on_mainline if commit_range.mainline else None,
+                                committed_at=c.time or None)
+             for c in candidates}
+    origins, unreachable, fetch = locate_all(
+        recipe.artifacts, [(c.sha, c.tags) for c in candidates], repo,
+        runtime=recipe.runtime, facts=facts, estimate=True,
     )
     gates, gate_note = _gate(recipe, origins, checks)
     lines = [
         CandidateLine(i, c.sha, c.label, c.subject, o.name, o.detail, gates.get(i, ""),
+                      o.no_wheel[1] if o.no_wheel else "", o.no_wheel[0] if o.no_wheel else "",
                       c.provenance())
         for i, (c, o) in enumerate(zip(candidates, origins, strict=True))
     ]
-    return lines, unreachable, gate_note
+    return lines, unreachable, gate_note, fetch
 
 
 def _gate(
@@ -381,11 +430,8 @@ def render(plan: Plan) -> str:
         origin = c.origin or c.detail
         where = f" [{c.where}]" if c.where else ""
         lines.append(f"  {c.position:>4} {c.label:<14} {origin:<13} {c.subject[:60]}{where}{gate}")
-    if plan.mode == "recipe":
-        tally: dict[str, int] = {}
-        for c in plan.candidates:
-            tally[c.origin] = tally.get(c.origin, 0) + 1
-        lines.append("  artifacts: " + ", ".join(f"{n} {name}" for name, n in tally.items()))
+    if plan.mode == "recipe" and plan.available is not None:
+        lines += render_availability(plan.available)
     for source, why in plan.unreachable.items():
         lines.append(f"  {source}: not asked ({why})")
     if plan.gate_note:
@@ -409,6 +455,46 @@ def render(plan: Plan) -> str:
     lines += ["", "ready: `bisect start` with the same flags runs this" if plan.ready else
               "not ready: fix the missing lines above first"]
     return "\n".join(lines)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def render_availability(a: Availability) -> list[str]:
+    """How many candidates have a wheel, need a build or have nothing (and why the wheel index
+    has none), and the bytes the wheel-index ones will move."""
+    wheels = a.by_origin.get("wheel index", 0)
+    builds = a.by_origin.get("source build", 0)
+    parts = [f"{wheels} with a wheel", f"{builds} need a source build"]
+    parts += [f"{n} {name}" for name, n in a.by_origin.items()
+              if name not in ("wheel index", "source build")]
+    lines = ["  artifacts: " + ", ".join(parts)]
+    for kind, n in a.no_wheel.items():
+        lines.append(f"    no wheel ({kind}): {n}, e.g. {a.reasons[kind]}")
+    fetch = a.fetch
+    if fetch is not None:
+        if not fetch.per_candidate:
+            lines.append(f"  bytes to fetch: not measured ({fetch.note or 'no length'})")
+        elif fetch.whole_wheels:
+            lines.append(
+                f"  bytes to fetch: about {_bytes(fetch.total)}: whole wheels of "
+                f"{_bytes(fetch.per_candidate)} for {fetch.candidates} candidate(s) (the wheel "
+                "index ignores HTTP ranges; an estimate from one wheel's length)")
+        else:
+            how = "measured" if fetch.exact else (
+                f"an estimate: read from the wheel of {fetch.sampled[:12]}, the same taken for "
+                f"the other {fetch.candidates - 1}")
+            lines.append(
+                f"  bytes to fetch: {'' if fetch.exact else 'about '}{_bytes(fetch.total)} for "
+                f"{fetch.candidates} candidate(s): {_bytes(fetch.members)} of swap-set members "
+                f"(compressed) + {_bytes(fetch.directory)} of central directory each, against "
+                f"{_bytes(fetch.wheel_size)} a whole wheel ({how})")
+    return lines
 
 
 def _duration(seconds: float) -> str:

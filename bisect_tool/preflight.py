@@ -21,7 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,16 +102,22 @@ print(json.dumps(out))
 """
 
 
-def _ask(python: str, modules: Sequence[str], pythonpath: str = "") -> dict[str, Any] | None:
+def _ask(python: str, modules: Sequence[str], pythonpath: str = "",
+         env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """What ``python`` finds of ``modules`` (found, not imported: torch takes seconds to load);
-    None when the interpreter does not run."""
-    env = dict(os.environ)
+    None when the interpreter does not run. Asked the way the runtime asks it
+    (``LocalBackend._find_package_dir``): from ``NEUTRAL_CWD``, with the recipe's ``[runtime]
+    env``, so a clone in the caller's folder is not what it finds."""
+    from bisect_tool.runtime.common import NEUTRAL_CWD
+
+    child_env = {**os.environ, **(env or {})}
     if pythonpath:
-        rest = env.get("PYTHONPATH", "")
-        env["PYTHONPATH"] = pythonpath + (os.pathsep + rest if rest else "")
+        rest = child_env.get("PYTHONPATH", "")
+        child_env["PYTHONPATH"] = pythonpath + (os.pathsep + rest if rest else "")
     try:
         done = subprocess.run(
-            [python, "-c", _ASK, *modules], capture_output=True, text=True, timeout=60, env=env
+            [python, "-c", _ASK, *modules], capture_output=True, text=True, timeout=60,
+            env=child_env, cwd=NEUTRAL_CWD,
         )
         found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
@@ -142,7 +148,7 @@ def _docker(image: str) -> list[Check]:
     except Exception as exc:  # docker raises several unrelated types here
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return [Check("docker", False, f"the engine is not reachable ({first})",
-                      "start it (scripts/docker-up.sh)", True)]
+                      "start it (make docker-up says what it changes first)", True)]
     checks = [Check("docker", True, f"engine {version}", required=True)]
     if image:
         try:
@@ -196,7 +202,7 @@ def environment(recipe: Recipe | None) -> list[Check]:
     if need.interpreter:
         python = runtime.interpreter()
         package = recipe.artifacts.package
-        found = _ask(python, ["torch", package], runtime.pinned_package_dir)
+        found = _ask(python, ["torch", package], runtime.pinned_package_dir, runtime.env)
         if found is None:
             checks.append(Check("interpreter", False, f"{python} does not run",
                                 "set [runtime] python (--python) to the pinned interpreter",

@@ -8,6 +8,7 @@ a path works too. CLI flags override recipe values through :func:`Recipe.overrid
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import sys
 import tomllib
@@ -30,6 +31,10 @@ class RangeSettings:
     # How a release's tag is spelled in the repository (release-level search goes on to the
     # commits between two adjacent releases through these tags).
     release_tag: str = "v{version}"
+    # The main line releases branch from ("origin/main"; "" = the remote's main, else main):
+    # release tags map to where their branch left it, and its commits alone have per-commit
+    # wheels (vLLM #16217). `--mainline` overrides it.
+    mainline: str = ""
 
 
 @dataclass(frozen=True)
@@ -326,7 +331,8 @@ def from_dict(data: dict[str, Any], source: str = "<dict>") -> Recipe:
     unknown = sorted(set(data) - known)
     if unknown:
         raise RecipeError(
-            f"{source}: unknown key '{unknown[0]}' at top level; known: {', '.join(sorted(known))}"
+            f"{source}: unknown key '{unknown[0]}' at top level{did_you_mean(unknown[0], known)}; "
+            f"known: {', '.join(sorted(known))}"
         )
     if "name" not in data:
         raise RecipeError(f"{source}: missing field 'name'")
@@ -387,8 +393,13 @@ def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) ->
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in names:
+            elsewhere = [s for s, c in _SECTIONS.items() if s != section
+                         and key in {f.name for f in dataclasses.fields(c)}]
+            hint = did_you_mean(key, names) or (
+                f" (it belongs in [{elsewhere[0]}])" if elsewhere else "")
             raise RecipeError(
-                f"{source}: unknown key '{key}' in [{section}]; known: {', '.join(sorted(names))}"
+                f"{source}: unknown key '{key}' in [{section}]{hint}; known: "
+                f"{', '.join(sorted(names))}"
             )
         values[key] = _check(source, f"{section}.{key}", value, hints[key])
     from bisect_tool.limits import check_section
@@ -399,6 +410,13 @@ def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) ->
 
         redact.remember(values["env"])  # a child may print them: scrub them from its log too
     return cls(**values)
+
+
+def did_you_mean(key: str, known: typing.Iterable[str]) -> str:
+    """" (did you mean 'max_tokens'?)" for a misspelt key, "" when none is close (difflib: the
+    standard library's matcher; a schema library would not word it better)."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _check(source: str, where: str, value: Any, expected: Any) -> Any:

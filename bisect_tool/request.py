@@ -80,8 +80,9 @@ def resolve(request: StartRequest) -> tuple[CommitRange, Recipe | None, dict[str
             )
         return release_range(request, recipe, request.releases)
     path_filter = request.paths or (recipe.range.paths if recipe else ())
+    mainline = request.mainline or (recipe.range.mainline if recipe else "") or None
     commit_range = resolve_range(request.repo, request.good, request.bad, path_filter,
-                                 mainline=request.mainline)
+                                 mainline=mainline)
     return commit_range, recipe, {}
 
 

@@ -7,6 +7,7 @@ a *repeat* one pass of the workload inside a lifetime, an *observation* one life
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,3 +95,42 @@ def spelled(ref: str, level: str) -> str:
     if match:
         return f"v{match.group(1)}"
     return ref
+
+
+#: decimals a percentage may take to tell a probability from a certainty (past them: "> 99.9999%")
+_MOST_DECIMALS = 4
+
+
+def percent(x: float | None) -> str:
+    """A probability as a percentage: the one rule the report, ``status``, ``replay``, the
+    progress lines and the demo's summary all print with (issue 41: one confidence was printed
+    99.95 %, "> 99.9 %" and "100.0 %"). One decimal, and as many more as it takes never to read
+    as a certainty it is not: 0.9995 is 99.95%, 0.99996 is 99.996%, never 100.0%; 0.0004 is
+    0.04%, never 0.0%. Only exactly 1 and 0 print as 100% and 0%."""
+    if x is None or x != x:  # None or NaN: nothing to show
+        return "-"
+    if x >= 1:
+        return "100%"
+    if x <= 0:
+        return "0%"
+    for decimals in range(1, _MOST_DECIMALS + 1):
+        text = f"{x * 100:.{decimals}f}"
+        if float(text) not in (0.0, 100.0):
+            return f"{text}%"
+    return f"> {100 - 10 ** -_MOST_DECIMALS:.{_MOST_DECIMALS}f}%" if x > 0.5 else (
+        f"< {10 ** -_MOST_DECIMALS:.{_MOST_DECIMALS}f}%")
+
+
+def rate_text(x: float | None) -> str:
+    """A rate (p, q) in two decimals, or two significant digits below 0.1, never rounded to 0 or
+    1 when it is neither: 0.61, 0.034, 0.0045 (issue 41: q's median 0.0045 was printed 0.01)."""
+    if x is None or x != x:
+        return "-"
+    if x <= 0 or x >= 1:
+        return f"{min(max(x, 0.0), 1.0):.2f}"
+    decimals = 2 if x >= 0.1 else 1 - math.floor(math.log10(x))
+    text = f"{x:.{decimals}f}"
+    while float(text) in (0.0, 1.0) and decimals < 12:
+        decimals += 1
+        text = f"{x:.{decimals}f}"
+    return text

@@ -223,7 +223,8 @@ def open_provider(
     from bisect_tool.artifacts import make_provider
 
     with make_provider(
-        recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session
+        recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session,
+        runtime=recipe.runtime, mainline=recipe.range.mainline,
     ) as provider:
         if recipe.artifacts.python_side == "candidate":
             # whole commits: each candidate's own package with its compiled files (issue 40)

@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 - ``docker_client``: a client of a running Docker engine, or the test is skipped with the reason
-  (start one with ``scripts/docker-up.sh``; ``make test`` does).
+  (``make docker-up`` starts one, saying what it changes first; ``make test`` changes nothing).
 - ``base_image``: the offline base image ``BASE_IMAGE`` that scripts/docker-up.sh builds, or skip.
 - Runtime fixtures (a pinned package with a real compiled ``_kernels.so`` and a small stdlib HTTP
   server, plus candidate builds of that library) used by tests/test_runtime*.py.
@@ -40,7 +40,8 @@ def docker_client() -> Iterator[Any]:
         client.ping()
     except Exception as exc:  # the SDK raises several unrelated types when no engine runs
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        pytest.skip(f"Docker engine unavailable: {first} (run scripts/docker-up.sh)")
+        pytest.skip(f"Docker engine unavailable: {first} (make docker-up starts one; it says "
+                    "what it changes first)")
     try:
         yield client
     finally:
@@ -54,7 +55,7 @@ def base_image(docker_client: Any) -> str:
     try:
         docker_client.images.get(BASE_IMAGE)
     except docker.errors.ImageNotFound:
-        pytest.skip(f"base image {BASE_IMAGE} missing (run scripts/docker-up.sh to build it)")
+        pytest.skip(f"base image {BASE_IMAGE} missing (make docker-up builds it)")
     return BASE_IMAGE
 
 

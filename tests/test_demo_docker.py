@@ -107,7 +107,7 @@ def test_demo_with_docker_backend_finds_the_planted_fix(
     summary = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert summary["state"] == "done"
     assert summary["flip_commit"] == summary["planted_commit"]
-    header = journal_mod.read(workdir / "state" / journal_mod.JOURNAL_NAME).header
+    header = journal_mod.read(Path(summary["state_dir"]) / journal_mod.JOURNAL_NAME).header
     assert header["recipe"]["runtime"]["backend"] == "docker"
     assert header["recipe"]["runtime"]["image"] == demo_image
     assert header["session"] and left_over(docker_client, str(header["session"])) == []

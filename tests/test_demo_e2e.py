@@ -84,7 +84,9 @@ def test_demo_finds_the_planted_fix_and_the_report_matches_the_journal(tmp_path:
     assert summary["confidence"] >= 0.99
     assert Path(str(summary["report"])).is_file()  # kept under WORKDIR/bisect-demo-out
 
-    state_dir = workdir / "state"
+    # kept where `bisect` finds it from inside the generated clone (issue 41)
+    state_dir = Path(summary["state_dir"])
+    assert state_dir == (workdir / "demo-repo" / ".git" / "bisect-tool").absolute()
     contents = journal_mod.read(state_dir / journal_mod.JOURNAL_NAME)
     assert _servers_of(str(contents.header["session"])) == []  # no server left behind
     assert not list(Path("/tmp").glob(f"bisect-overlay-{contents.header['session']}*"))
@@ -140,8 +142,43 @@ def test_demo_finds_the_planted_fix_and_the_report_matches_the_journal(tmp_path:
     from bisect_tool.report import CAP
 
     md = Path(str(summary["report"])).read_text()
-    assert len(md) < CAP and md.count("<details>") == 1 and md.rstrip().endswith("</details>")
+    # two folds: every lifetime under the evidence (issue 41), and the report's ending
+    assert len(md) < CAP and md.count("<details>") == 2 and md.rstrip().endswith("</details>")
     assert "](posterior.png)" in md and str(tmp_path) not in md and "/tmp/" not in md
     assert "bisect demo" in md  # the reproduce command, not the temp clone's start
     tokens = MarkdownIt("commonmark").enable("table").parse(md)
     assert sum(t.type == "table_open" for t in tokens) >= 5
+
+
+def test_the_demo_keeps_its_session_and_every_command_its_summary_prints_runs(
+    tmp_path: Path,
+) -> None:
+    """Issue 41: after `make demo`, `bisect status`, `log` and `report` answered "no session"
+    (the state was in a deleted temp folder) and the 175-line report scrolled the summary away.
+    The report is a file, the summary comes last, and each command it prints runs as printed."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "bisect_tool", "demo", "--commits", "60"],
+                          capture_output=True, text=True, timeout=1200, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "## Bisect result" not in proc.stdout  # the report is written, not printed
+    out = tmp_path / "bisect-demo-out"
+    assert (out / "report.md").read_text().startswith("## Bisect result")
+    lines = proc.stdout.rstrip().splitlines()
+    summary = lines[lines.index("bisect demo summary"):]
+    assert summary[-1].lstrip().startswith("then `bisect reset` and `bisect start")
+    rows = {line[2:].split("  ", 1)[0]: line[2:].split("  ", 1)[1].strip() for line in summary[1:]
+            if line.startswith("  ") and line[2:3] != " "}
+    assert rows["report"] == "bisect-demo-out/report.md"
+    look = rows["look at it"].split("   (")[0]
+    status = subprocess.run(["bash", "-c", look], capture_output=True, text=True, cwd=tmp_path,
+                            env=env, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith("state: done (fix)")
+    for other in ("log", "report"):
+        done = subprocess.run(["bash", "-c", look.replace("bisect status", f"bisect {other}")],
+                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        assert done.returncode == 0 and done.stdout, done.stderr
+    plan = subprocess.run(["bash", "-c", rows["by hand"]], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.rstrip().endswith("ready: `bisect start` with the same flags runs this")

@@ -37,7 +37,7 @@ def test_summary_names_commit_confidence_p_lifetimes_and_where_the_files_are() -
     lines = text.strip().splitlines()
     assert lines[0] == "bisect demo summary"
     assert "48690ce925ed = the planted fix" in text
-    assert "99.93%" in text
+    assert "99.9%" in text  # percent(): one decimal unless it would read 100.0%
     assert "0.52 (90% credible interval 0.41 to 0.63)" in text
     assert "47 (plus the controls' lifetime)" in text
     assert "bisect-demo-out/report.md" in text and "bisect-demo-out/posterior.png" in text
@@ -109,3 +109,53 @@ def _alive(pids: list[int]) -> bool:
         if state != "Z":
             return True
     return False
+
+
+# -- where the demo keeps its session, and how to bisect it by hand (issue 41) -----------------
+
+
+def test_summary_ends_with_how_to_read_the_session_and_bisect_the_history_by_hand() -> None:
+    text = format_summary(outcome(history="bisect-demo-out/demo-repo",
+                                  recipe="bisect-demo-out/demo-recipe.toml", inconclusive=3))
+    lines = text.rstrip().splitlines()
+    assert "47 (3 of them inconclusive; plus the controls' lifetime)" in text
+    assert "bisect-demo-out/demo-repo (its session in .git/bisect-tool)" in text
+    assert lines[-3].startswith("  look at it  ") and lines[-3].endswith(
+        "  cd bisect-demo-out/demo-repo && bisect status   (or bisect log, bisect report)")
+    assert lines[-2].startswith("  by hand  ") and lines[-2].endswith(
+        "  cd bisect-demo-out/demo-repo && bisect plan --good v0.27.0 --bad v0.26.0 --recipe "
+        "../demo-recipe.toml")
+    assert ("`bisect reset` and `bisect start --good v0.27.0 --bad v0.26.0 --recipe "
+            "../demo-recipe.toml`") in lines[-1]
+
+
+def test_a_new_demo_removes_only_what_an_earlier_demo_wrote(tmp_path: Path) -> None:
+    from bisect_tool.demo import outdir
+    from bisect_tool.errors import UsageError
+
+    folder = tmp_path / "out"
+    outdir.claim(folder)
+    for name in outdir.OWN:
+        (folder / name).mkdir() if name != outdir.RECIPE else (folder / name).write_text("x")
+    (folder / outdir.REPO / "file").write_text("history")
+    (folder / "notes.txt").write_text("the user's own")
+    outdir.claim(folder)  # the next demo: the earlier one's entries go, nothing else
+    assert sorted(p.name for p in folder.iterdir()) == [outdir.MARKER, "notes.txt"]
+    # a history no demo's marker names is refused, and kept
+    other = tmp_path / "other"
+    (other / outdir.REPO).mkdir(parents=True)
+    with pytest.raises(UsageError, match="no earlier demo wrote it"):
+        outdir.claim(other)
+    assert (other / outdir.REPO).is_dir()
+
+
+def test_where_bisect_is_not_on_path_the_summary_says_how_to_put_it_there() -> None:
+    text = format_summary(outcome(history="bisect-demo-out/demo-repo",
+                                  recipe="bisect-demo-out/demo-recipe.toml",
+                                  activate=".venv/bin/activate"))
+    lines = text.rstrip().splitlines()
+    first = next(i for i, x in enumerate(lines) if x.lstrip().startswith("first "))
+    look = next(i for i, x in enumerate(lines) if "bisect status" in x)
+    assert first < look
+    assert lines[first].endswith(". .venv/bin/activate   (puts bisect on your PATH)")
+    assert "first " not in format_summary(outcome(history="h", recipe="h/../r.toml"))

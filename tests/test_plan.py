@@ -8,6 +8,7 @@ import json
 import math
 import re
 import subprocess
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ def test_plan_lists_every_candidate_its_origin_the_gate_the_cost_and_the_environ
             assert " cache " in row and "gate REJECTS" in row and "_C::rms_norm" in row, row
         else:
             assert " source build " in row and "gate" not in row, row
-    assert f"  artifacts: 3 cache, {len(shas) - 3} source build" in lines
+    assert f"  artifacts: 0 with a wheel, {len(shas) - 3} need a source build, 3 cache" in lines
     expected = "\n".join(lines[lines.index("") + 1:])
     assert "assumed p = 0.73, q = 0.01" in expected
     for what in ("op runs", "lifetimes", "(+1 for the controls)", "builds", "downloads",
@@ -311,3 +312,88 @@ def test_the_plan_counts_the_controls_off_the_lifetimes_slots_where_they_have_th
     assert (shared.lifetimes, shared.controls) == (apart.lifetimes, apart.controls)
     cost = float(header["recipe"]["search"]["cost_lifetime"])
     assert shared.wall_s - apart.wall_s == pytest.approx(cost / 2)
+
+
+def test_plan_says_which_candidates_have_a_wheel_which_need_a_build_and_the_bytes(
+    tmp_path: Path, history: DemoHistory, demo: tuple[Path, list[str], str],
+    demollm_wheels: Any,
+) -> None:
+    """Issue 37: `bisect plan` over a per-commit wheel index laid out as vLLM's (some commits
+    published, others not): one metadata.json a candidate, how many have a wheel and how many
+    need a build, and the bytes the member fetch will move, read from one central directory."""
+    from wheelindex import make_demollm_wheel
+
+    from bisect_tool.artifacts.wheelhost import HostedCommit, WheelHost
+
+    recipe, shas, _ = demo
+    text = recipe.read_text().replace('sources = ["source-build"]',
+                                      'sources = ["wheel-index", "source-build"]')
+    built = tmp_path / "built"
+
+    def build(commit: str, variant: str) -> Path:
+        return make_demollm_wheel("0.27.0.dev5", demollm_wheels.kernels["prefix"],
+                                  built / commit[:8])
+
+    published = shas[1:5]
+    with WheelHost(build, package="demollm") as host:
+        host.add(*(HostedCommit(sha) for sha in published))
+        recipe.write_text(text.replace("[artifacts]", f'[artifacts]\nwheel_index_url = '
+                                       f'"{host.url}"', 1))
+        code, out, err = run_cli(
+            "plan", "--good", history.good_tag, "--bad", history.bad_tag, "--recipe",
+            str(recipe), "--repo", str(history.repo), "--state-dir", str(tmp_path / "state"))
+        asked = host.asked()
+        ranges = host.ranges()
+    assert code == 0, out + err
+    lines = out.splitlines()
+    # the ends and the rejected one are in the cache: every other candidate asked once
+    uncached = len(shas) - 3
+    assert sum(p.endswith("/demollm/metadata.json") for p in asked) == uncached
+    assert f"  artifacts: {len(published)} with a wheel, {uncached - len(published)} need a " \
+        "source build, 3 cache" in lines
+    # v0.27.0's branch holds one candidate beside its tagged end: vLLM publishes no wheel for it
+    assert any(line.startswith(f"    no wheel (not published): {uncached - len(published) - 1}"
+                               ", e.g. no wheel at ") for line in lines), out
+    assert "    no wheel (not on main): 1, e.g. not on main: vLLM publishes per-commit wheels " \
+        "for main's commits only (vLLM #16217)" in lines, out
+    assert ranges[0] == "bytes=-42" and len(ranges) == 2  # one central directory, no member
+    wheel = build(published[0], "")
+    with zipfile.ZipFile(wheel) as archive:
+        member = archive.getinfo(SO).compress_size
+    fetch_line = next(line for line in lines if line.startswith("  bytes to fetch: about "))
+    assert f"for {len(published)} candidate(s)" in fetch_line
+    assert f"{member / 1000:.1f} KB of swap-set members" in fetch_line
+    assert f"an estimate: read from the wheel of {published[0][:12]}" in fetch_line
+
+
+def test_plan_run_inside_a_clone_checks_the_pinned_stack_not_the_clones_package(
+    tmp_path: Path, history: DemoHistory, demo: tuple[Path, list[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 41: `bisect plan` asked the pinned interpreter from the caller's folder, so inside a
+    clone (`python -c` puts the cwd first on sys.path) it found the clone's own uncompiled
+    package and said "ready" where `start` then failed. It asks as the runtime does."""
+    from bisect_tool import preflight
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.runtime.environment import environment_facts
+
+    recipe_path, _, _ = demo
+    clone = tmp_path / "clone"
+    (clone / "demollm").mkdir(parents=True)
+    (clone / "demollm" / "__init__.py").write_text("# the clone's sources: nothing compiled\n")
+    (clone / "demollm-9.9.dist-info").mkdir()
+    (clone / "demollm-9.9.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: demollm\nVersion: 9.9\n")
+    monkeypatch.chdir(clone)
+    recipe = recipe_mod.load(str(recipe_path))
+    stack = next(c for c in preflight.environment(recipe) if c.name == "pinned stack")
+    assert stack.ok and str(pinned.STACK_DIR) in stack.detail, stack.line()
+    assert str(clone) not in stack.detail, stack.line()
+    # the report's environment block asks the same way: not the clone's version
+    assert environment_facts(recipe).get("pinned_version") != "9.9"
+    code, out, err = run_cli("plan", "--good", history.good_tag, "--bad", history.bad_tag,
+                             "--recipe", str(recipe_path), "--repo", str(history.repo),
+                             "--state-dir", str(tmp_path / "state"))
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.strip().startswith("pinned stack"))
+    assert str(clone) not in line and str(pinned.STACK_DIR) in line, line

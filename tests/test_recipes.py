@@ -25,7 +25,10 @@ def test_bundled_recipes_are_listed_and_load() -> None:
 def test_batch_invariance_recipe_is_the_seed_setup() -> None:
     r = recipe.load("batch-invariance")
     assert r.artifacts.swap_set == ("vllm/_C_stable_libtorch.abi3.so",)
-    assert r.range.paths == ("csrc/", "cmake/", "CMakeLists.txt", "setup.py")
+    # the files a build reads: the kernels and build scripts, the torch pin, and the CUDA the
+    # wheels are built for (vLLM #39878 changed every wheel from the release pipeline alone)
+    assert r.range.paths[:4] == ("csrc/", "cmake/", "CMakeLists.txt", "setup.py")
+    assert {"requirements/cuda.txt", ".buildkite/release-pipeline.yaml"} <= set(r.range.paths)
     assert r.runtime.server_module == "vllm.entrypoints.openai.api_server"
     assert r.runtime.env == {"VLLM_BATCH_INVARIANT": "1"}
     assert "--no-enable-prefix-caching" in r.runtime.server_args
@@ -85,8 +88,13 @@ def _write(tmp_path: Path, text: str) -> str:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ('name = "x"\n[probe]\nrepeatz = 5\n', "unknown key 'repeatz' in [probe]"),
-        ('name = "x"\nflavour = 1\n', "unknown key 'flavour' at top level"),
+        ('name = "x"\n[probe]\nrepeatz = 5\n',
+         "unknown key 'repeatz' in [probe] (did you mean 'repeats'?); known: "),
+        ('name = "x"\nflavour = 1\n', "unknown key 'flavour' at top level; known: "),
+        ('name = "x"\n[serch]\nconfidence = 0.9\n',
+         "unknown key 'serch' at top level (did you mean 'search'?)"),
+        ('name = "x"\n[runtime]\nrequests = 3\n',
+         "unknown key 'requests' in [runtime] (it belongs in [probe])"),
         ('name = "x"\n[probe]\nrepeats = "5"\n', "'probe.repeats' must be an integer"),
         ('name = "x"\n[probe]\nrepeats = true\n', "'probe.repeats' must be an integer"),
         ('name = "x"\n[artifacts]\nswap_set = "a.so"\n', "'artifacts.swap_set' must be a list"),
@@ -104,10 +112,71 @@ def test_malformed_recipes_give_one_line_errors(tmp_path: Path, text: str, fragm
     assert "\n" not in str(info.value)
 
 
+def test_a_misspelt_key_is_one_line_naming_the_fix_and_exit_4(tmp_path: Path) -> None:
+    from gitrepos import run_cli
+
+    path = _write(tmp_path, 'name = "x"\n[probe]\nmax_token = 3\n')
+    code, out, err = run_cli("plan", "--good", "a", "--bad", "b", "--recipe", path)
+    assert code == 4 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "did you mean 'max_tokens'?" in err
+
+
 def test_unknown_recipe_name_lists_the_bundled_ones() -> None:
     with pytest.raises(RecipeError,
                        match="bundled recipes: batch-invariance, batch-invariance-bs1, "):
         recipe.load("batch-invariant")
+
+
+# -- TOML written with tomlkit, not regexes (issue 41) --------------------------------------
+
+
+def test_the_demo_recipe_is_completed_as_toml_and_keeps_the_bundled_files_comments(
+    tmp_path: Path,
+) -> None:
+    import tomllib
+
+    from bisect_tool.demo import pinned
+    from bisect_tool.demo.cli import write_recipe
+
+    bundled = (recipe.BUNDLED_DIR / "demo.toml").read_text()
+    written = write_recipe(tmp_path / "r.toml", tmp_path / "cache", image="img:1").read_text()
+    comments = [line for line in bundled.splitlines() if line.lstrip().startswith("#")]
+    assert comments and all(c in written.splitlines() for c in comments)
+    data = tomllib.loads(written)
+    assert data["artifacts"]["cache_dir"] == str(tmp_path / "cache")
+    assert data["runtime"]["pinned_package_dir"] == str(pinned.STACK_DIR)
+    assert (data["runtime"]["backend"], data["runtime"]["image"], data["runtime"]["gpus"]) == (
+        "docker", "img:1", [])
+    # nothing else changed
+    before = tomllib.loads(bundled)
+    for section in before:
+        if isinstance(before[section], dict):
+            for key, value in before[section].items():
+                if (section, key) not in {("runtime", "backend"), ("runtime", "gpus"),
+                                          ("runtime", "pinned_package_dir")}:
+                    assert data[section][key] == value, (section, key)
+
+
+def test_the_reports_changed_values_are_toml_a_recipe_can_hold() -> None:
+    import tomllib
+
+    from bisect_tool.report import reproduce
+
+    bundled = recipe.load("batch-invariance").to_dict()
+    mine = recipe.load("batch-invariance").to_dict()
+    mine["runtime"] = {**mine["runtime"], "env": {"VLLM_BATCH_INVARIANT": "1", "X": 'a"b'},
+                       "server_args": ["--dtype", "float16"], "lifetimes_per_gpu": 2}
+    mine["probe"] = {**mine["probe"], "narrow": "", "jitter_ms": 12.5}
+    lines, _ = reproduce.changes(mine, bundled)
+    text = "\n".join(f"[{s}]\n{line}" for s, line in lines)
+    # a section's lines in one table each, as the report writes them
+    parsed: dict[str, dict[str, object]] = {}
+    for section, line in lines:
+        parsed.setdefault(section, {}).update(tomllib.loads(line))
+    assert parsed["runtime"]["env"] == {"VLLM_BATCH_INVARIANT": "1", "X": 'a"b'}, text
+    assert parsed["runtime"]["server_args"] == ["--dtype", "float16"]
+    assert parsed["runtime"]["lifetimes_per_gpu"] == 2
+    assert parsed["probe"] == {"narrow": "", "jitter_ms": 12.5}
 
 
 # ---- issue 40's recipes -------------------------------------------------------------------------

@@ -254,3 +254,19 @@ def test_the_next_step_after_releases_uses_the_recipe_that_reaches_commits() -> 
     got = facts._releases({}, commits, answer, own, None, "release")
     line = _next_line({"releases": got})
     assert "--recipe mine.toml" in line and 'add "wheel-index" or "source-build"' in line
+
+
+def test_a_run_knows_which_commits_the_main_line_holds(vllm_like: ReleaseRepo) -> None:
+    # the run's provider is given no facts: it asks the clone which commits main holds, so a
+    # release branch's commit is "not on main" (#16217) and a main commit's 404 stays "not
+    # published"; [range] mainline names another main line
+    from bisect_tool.artifacts import commit_facts
+
+    facts = commit_facts(vllm_like.path)
+    at = vllm_like.at
+    assert facts(at["m10"]).on_mainline is True
+    assert facts(at["pick15"]).on_mainline is False
+    assert facts(at["m10"]).committed_at  # read from the clone too
+    on_release = commit_facts(vllm_like.path, mainline="releases/v0.27.0")
+    assert on_release(at["pick15"]).on_mainline is True and not on_release(at["m15"]).on_mainline
+    assert commit_facts(vllm_like.path / "nowhere")(at["m10"]).on_mainline is None

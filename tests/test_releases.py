@@ -268,6 +268,53 @@ def test_offline_the_saved_listing_is_used_after_two_quick_attempts(demollm_inde
     assert ids(resolved) == ["demollm-0.26.0", "demollm-0.27.0"]
 
 
+def test_an_index_that_trickles_falls_back_at_the_deadline_not_hours_later(
+    demollm_index, tmp_path, monkeypatch
+):
+    """Issue 38: a page sent a byte at a time answers every read in time; only an overall
+    deadline per request stops it (each attempt's, then the saved listing is used)."""
+    import threading
+    import time
+
+    import bisect_tool.artifacts.releases as releases_module
+    from bisect_tool.artifacts.testing import LoopbackHTTP
+
+    cache = tmp_path / "cache"
+    stopping = threading.Event()
+
+    def trickle(handler) -> None:  # type: ignore[no-untyped-def]
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/html")
+        handler.send_header("Content-Length", "100000")
+        handler.end_headers()
+        for _ in range(100000):
+            if stopping.wait(0.2):
+                return
+            try:
+                handler.wfile.write(b"<")
+                handler.wfile.flush()
+            except OSError:
+                return
+
+    monkeypatch.setattr(releases_module, "LISTING_DEADLINE_S", 1.0)
+    slow = LoopbackHTTP(trickle)
+    slow.start()
+    try:
+        with httpx.Client(timeout=5.0) as client:
+            online = list_releases(PACKAGE, demollm_index.index_url, downloader(client, Sleeps()),
+                                   cache)
+            start = time.monotonic()
+            found = list_releases(PACKAGE, slow.url + "/simple", downloader(client, Sleeps()),
+                                  cache)
+            took = time.monotonic() - start
+    finally:
+        stopping.set()
+        slow.stop()
+    assert found.source == "cache" and "deadline of 1 s" in found.offline_reason
+    assert found.releases == online.releases
+    assert took < 8  # two attempts of one second each, not 100000 bytes at 5 a second
+
+
 def test_offline_without_a_listing_the_artifact_cache_is_the_listing(demollm_wheels, tmp_path):
     cache = ArtifactCache(tmp_path / "cache")
     for version in ("0.27.0", "0.26.0"):

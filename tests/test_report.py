@@ -213,17 +213,22 @@ def first_paragraph(md: str) -> str:
 
 
 def evidence_rows(md: str) -> list[list[tuple[str, list[str]]]]:
-    """Body rows of the Evidence table (the table after "### Evidence")."""
+    """Body rows of the Evidence section's per-candidate table (after "### Evidence")."""
     return cells(md[md.index("### Evidence"):])
 
 
-def test_evidence_has_one_row_per_lifetime_with_the_journals_facts(
+def lifetime_rows(md: str) -> list[list[tuple[str, list[str]]]]:
+    """Body rows of the Evidence section's folded table of every lifetime."""
+    return cells(md[md.index("<summary>Each lifetime"):])
+
+
+def test_evidence_has_one_row_per_candidate_and_every_lifetime_folded(
     contents: JournalContents,
 ) -> None:
     md = render_markdown(build_report(contents, STATE))
-    rows = evidence_rows(md)
+    rows = lifetime_rows(md)
     journaled = contents.observations
-    assert len(rows) == len(journaled) + 1  # + the untestable candidate
+    assert len(rows) == len(journaled)
     # rows by (candidate, lifetime number): the candidate's cell is blank (″) after its first
     by_lifetime: dict[str, list[tuple[str, list[str]]]] = {}
     current = ""
@@ -239,15 +244,20 @@ def test_evidence_has_one_row_per_lifetime_with_the_journals_facts(
         if "max_coresidency" in detail:
             assert row[3][0] == f"{detail['max_coresidency']} / {TARGET}"
             assert row[4][0] == f"{detail['distinct_outputs']} / 5"
-    # the candidate's own verdict and role on its first row, linked to the vLLM commit
+    # the candidates, one row each: the verdict and role, linked to the vLLM commit; the one
+    # that could not run after every result (issue 41: UNTESTABLE rows came first)
     expected = expected_rows()
-    firsts = [r for r in rows if r[0][0] != "″"]
-    for row in firsts[:-1]:
+    candidates = evidence_rows(md)
+    assert len(candidates) == len(expected)  # the untestable candidate included
+    for row in candidates[:-1]:
         index = next(i for i in expected if row[0][0].startswith(sha(i)[:7]))
-        assert row[0][0].endswith(f"{expected[index]['verdict']})"), row[0][0]
+        assert row[1][0] == expected[index]["verdict"], row
         assert row[0][1] == [f"{REPO}/commit/{sha(index)}"]
-    assert "(bad end, DIVERGENT)" in rows[0][0][0]
-    assert rows[-1][2][0] == "UNTESTABLE" and rows[-1][0][0] == sha(UNTESTABLE)[:7]
+        divergent, lifetimes = expected[index]["divergent"], expected[index]["lifetimes"]
+        assert row[2][0].startswith(f"{divergent} of "), row
+        assert int(row[2][0].split()[2]) <= lifetimes
+    assert "(bad end)" in candidates[0][0][0]
+    assert candidates[-1][1][0] == "UNTESTABLE" and candidates[-1][0][0] == sha(UNTESTABLE)[:7]
     assert "Max \\|Δ logprob\\| up to the first differing token" in md
     assert "Co-residency reached / target" in md
 
@@ -313,8 +323,9 @@ def test_json_has_the_same_facts_as_the_markdown(contents: JournalContents) -> N
     report = build_report(contents, STATE)
     data = json.loads(render_json(report))
     assert data == json.loads(json.dumps(report))  # nothing lost or stringified
-    rows = evidence_rows(render_markdown(report))
-    assert len(rows) == len(data["lifetimes"]) + len(data["untestable"])
+    md = render_markdown(report)
+    assert len(lifetime_rows(md)) == len(data["lifetimes"])
+    assert len(evidence_rows(md)) == len(data["tested"])
     a = data["answer"]
     assert a["flip_block"][0]["sha"] == sha(FLIP) and a["flip_block"][0]["pr"] == FIX_PR
     assert (a["confidence"], a["p_median"], a["p_interval"]) == (0.993, 0.55, [0.31, 0.78])
@@ -328,7 +339,8 @@ def test_long_parts_are_folded_and_log_tails_are_quiet(contents: JournalContents
     md = render_markdown(build_report(contents, STATE))
     first_screen = md[: md.index("<details>")]
     assert "Output:" not in first_screen and "Traceback" not in first_screen
-    assert md.count("<details>") == 1 and md.rstrip().endswith("</details>")
+    # two folds: every lifetime under the evidence, and the ending (how to reproduce ...)
+    assert md.count("<details>") == 2 and md.rstrip().endswith("</details>")
     every = md[md.index("#### Every lifetime"):]
     assert "| all 10 repeat pairs |" not in every  # 5 repeats, 3 outputs: not every pair
     assert "no wheel for this commit and the source build failed" in md
@@ -513,7 +525,7 @@ def test_op_probe_lifetimes_use_the_op_table(tmp_path: Path, contents: JournalCo
                   "verdict": verdict.value, "detail": detail, "message": message})
     md = render_markdown(build_report(journal.read(path), STATE))
     rows = evidence_rows(md)
-    assert len(rows) == 1 and rows[0][2][0] == "DIVERGENT"
+    assert len(rows) == 1 and rows[0][1][0] == "DIVERGENT"
     assert rows[0][5][0] == "4.883e-04"
     assert "Max abs diff between launch sizes" in md and "Δ logprob" not in md
     assert "| rms_norm | float16 | 4096 | 8/16 |" in md  # render_op_detail's own row

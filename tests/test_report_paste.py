@@ -37,7 +37,12 @@ def report_of(path: Path) -> str:
 def section(md: str, title: str) -> str:
     start = md.index(f"### {title}")
     end = md.find("\n### ", start + 1)
-    return md[start: end if end > 0 else md.index("<details>")]
+    return md[start: end if end > 0 else md.index("<details>", start)]
+
+
+def lifetime_table(evidence: str) -> str:
+    """The Evidence section's folded table of every lifetime (issue 41: folded, grouped)."""
+    return evidence[evidence.index("<summary>Each lifetime"):]
 
 
 def two_columns(md: str) -> dict[str, str]:
@@ -76,8 +81,9 @@ def test_how_sure_shows_the_lifetimes_alone_beside_the_op_checks_prior() -> None
     assert sure["Were v0.27.0 still buggy: 1 clean lifetime"].startswith(
         "10.3% of the time, with p from the bad side's 3 of 3 divergent")
     assert sure["q: a lifetime without the bug shows it anyway"] == (
-        "0.01 [0.00, 0.04] (median [90% interval]), from 0 of 1 lifetime on the good side and "
-        "the prior Beta(0.5, 50)")
+        # two significant digits below a tenth (issue 41: 0.0063 was printed 0.01)
+        "0.0063 [0.0013, 0.039] (median [90% interval]), from 0 of 1 lifetime on the good side "
+        "and the prior Beta(0.5, 50)")
     # "these alone carry the answer" is gone: it was false here
     assert "alone carry the answer" not in md
 
@@ -168,8 +174,9 @@ def test_differences_from_the_reported_setup_are_flagged() -> None:
     md = report_of(RELEASES)
     top = md[: md.index("###")]
     assert ("- Not as reported in vLLM #51187: GPU, model, `VLLM_USE_FLASHINFER_SAMPLER=0`, "
-            "server arguments, arrival of requests; not recorded by this run: FlashInfer "
-            "version, compiled files of vllm (see Environment)").replace("#", "\\#") in top
+            "server arguments, arrival of requests; not recorded or not checked by this run: "
+            "FlashInfer version, compiled files of vllm (see Environment)"
+            ).replace("#", "\\#") in top
     env = section(md, "Environment")
     table = rows(env[env.index("Differences from the setup"):])
     by = {r[0]: (r[1], r[2]) for r in table}
@@ -212,12 +219,12 @@ def test_first_position_first_token_and_the_delta_before_the_tokens_diverge() ->
     recorded 0.354 compares positions after the divergence, so it is left out and said so."""
     md = report_of(RELEASES)
     evidence = section(md, "Evidence")
-    tokens = MarkdownIt("commonmark").enable("table").parse(evidence)
+    tokens = MarkdownIt("commonmark").enable("table").parse(lifetime_table(evidence))
     start = next(i for i, t in enumerate(tokens) if t.type == "thead_open")
     head = [t.content for t in tokens[start:] if t.type == "inline"][:9]
     assert head[5:8] == ["Max |Δ logprob| up to the first differing token",
                          "First position that differs", "First token that differs"]
-    table = rows(evidence)
+    table = rows(lifetime_table(evidence))
     first = table[0]
     assert first[1] == "#0" and first[5] == "-†" and first[6] == "0" and first[7] == "10"
     assert first[8] == "tokens"
@@ -235,7 +242,7 @@ def test_a_delta_measured_up_to_the_divergence_is_shown_even_when_tokens_moved(
             e["detail"]["max_abs_logprob_delta_scope"] = "up_to_first_token_divergence"
     path = tmp_path / "j.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in lines))
-    first = rows(section(report_of(path), "Evidence"))[0]
+    first = rows(lifetime_table(section(report_of(path), "Evidence")))[0]
     assert first[5] == "3.906e-03" and first[7] == "10"
 
 

@@ -43,7 +43,9 @@ def pinned_image(
         b"".join(p.read_bytes() for p in sorted(ctx.rglob("*")) if p.is_file())
     ).hexdigest()[:12]
     tag = f"bisect-test-pinned:{digest}"
-    docker_client.images.build(path=str(ctx), tag=tag, network_mode="host", rm=True)
+    # labelled as the tool's, so that `make docker-down` may remove it (scripts/docker-down.sh)
+    docker_client.images.build(path=str(ctx), tag=tag, network_mode="host", rm=True,
+                               labels={"bisect.image": "bisect-test-pinned"})
     return tag
 
 
@@ -235,5 +237,5 @@ def test_cleanup_stale_removes_labelled_containers(
 
 def test_engine_down_is_an_infrastructure_error(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    with pytest.raises(InfrastructureError, match="docker-up.sh"):
+    with pytest.raises(InfrastructureError, match="make docker-up"):
         make_backend(settings_for("any"), session="s", log_dir=tmp_path)

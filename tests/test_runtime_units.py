@@ -310,6 +310,35 @@ def test_a_lifetime_that_waited_for_a_gpu_says_so_and_its_boot_leaves_the_wait_o
     assert float(line.split(" in ")[1].split("s,")[0]) < 0.5  # the lifetime itself
 
 
+def test_a_lifetime_records_the_attention_backend_its_server_log_names(tmp_path: Path) -> None:
+    """Issue 41: the report names the attention backend vLLM chose; each lifetime reads it from
+    its own server's log (the line as vLLM 0.26 logs it, vllm/platforms/cuda.py)."""
+    import contextlib
+
+    from bisect_tool.interfaces import ProbeResult, ServerHandle
+    from bisect_tool.values import Verdict
+
+    class Backend:
+        @contextlib.contextmanager
+        def lifetime(self, spec: Any) -> Any:
+            log = tmp_path / f"{spec.lifetime_id}.log"
+            log.write_text("(EngineCore_DP0 pid=9) INFO [cuda.py:367] Using TRITON_ATTN attention "
+                           "backend out of potential backends: ['FLASH_ATTN', 'TRITON_ATTN'].\n"
+                           if spec.lifetime_id == "a" else "a server that names none\n")
+            yield ServerHandle("http://127.0.0.1:1", spec.lifetime_id, log)
+
+        def check_compatible(self, swap: SwapSet) -> None:
+            return None
+
+    class Probe:
+        def run(self, server: ServerHandle, is_alive: object = None) -> ProbeResult:
+            return ProbeResult(Verdict.CLEAN, {}, "clean")
+
+    evaluator = _server_evaluator(tmp_path, Backend(), Probe(), GpuPool(["0"]), None)
+    assert evaluator.evaluate("c" * 40, "a").detail["attention_backend"] == "TRITON_ATTN"
+    assert "attention_backend" not in evaluator.evaluate("c" * 40, "b").detail
+
+
 def test_gpu_pool_rejects_bad_lists() -> None:
     with pytest.raises(UsageError, match="listed twice"):
         GpuPool(["0", "0"])

@@ -56,4 +56,6 @@ def test_the_bundled_config_is_named_as_recipes_name_it(
     assert record == {
         "config_sha256": hashlib.sha256((bundled / "config.json").read_bytes()).hexdigest(),
         "dtype": "float16", "seed": 0, "torch": "2.11.0+cu130", "transformers": "4.57.1",
+        # the checkpoint's own digests, for the report's reproduce step to check (issue 41)
+        "files": {"model.safetensors": hashlib.sha256(b"weights").hexdigest()},
     }

@@ -17,7 +17,6 @@ offline machine. The fixtures in conftest.py build the wheels once per session
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import html
@@ -26,7 +25,6 @@ import json
 import shutil
 import sys
 import threading
-import zipfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from types import TracebackType
 from urllib.parse import quote, unquote
 
 from bisect_tool.artifacts.testing import LoopbackHTTP
+from bisect_tool.artifacts.wheelhost import write_wheel
 from bisect_tool.demo import history
 from bisect_tool.demo.pinned import STACK_DIR, SWAP_PATH, run_build
 
@@ -101,36 +100,19 @@ def build_kernels(variant: str, work: Path) -> Path:
     return run_build(root, python=sys.executable)
 
 
-def _record_hash(data: bytes) -> str:
-    digest = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def make_demollm_wheel(version: str, kernels: Path, out_dir: Path) -> Path:
+def make_demollm_wheel(
+    version: str, kernels: Path, out_dir: Path, *, tag: str = "py3-none-linux_x86_64"
+) -> Path:
     """A real wheel of demollm ``version``: the engine's Python files from the demo stack, the
-    given ``_kernels.so`` and a dist-info (METADATA, WHEEL, RECORD with sha256 and sizes)."""
+    given ``_kernels.so`` and a dist-info (METADATA, WHEEL, RECORD with sha256 and sizes), by
+    the package's own wheel writer (``bisect_tool.artifacts.wheelhost.write_wheel``)."""
     members: dict[str, bytes] = {
         f"{PACKAGE}/{path.name}": path.read_bytes()
         for path in sorted((STACK_DIR / PACKAGE).glob("*.py"))
     }
     members[SWAP_PATH] = kernels.read_bytes()
-    info = f"{PACKAGE}-{version}.dist-info"
-    members[f"{info}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n"
-        "Summary: the bisect demo engine\nRequires-Python: >=3.11\n"
-    ).encode()
-    members[f"{info}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: bisect-tests\nRoot-Is-Purelib: false\n"
-        b"Tag: py3-none-linux_x86_64\n"
-    )
-    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in members.items())
-    members[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{PACKAGE}-{version}-py3-none-linux_x86_64.whl"
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-    return path
+    return write_wheel(out_dir / f"{PACKAGE}-{version}-{tag}.whl", members,
+                       name=PACKAGE, version=version, tag=tag)
 
 
 @dataclass(frozen=True)

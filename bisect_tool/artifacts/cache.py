@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bisect_tool.artifacts.extract import copy_file_hashed, open_wheel, stream_member
+from bisect_tool.artifacts.extract import (
+    ExtractedFile,
+    copy_file_hashed,
+    open_wheel,
+    stream_member,
+)
 from bisect_tool.errors import ArtifactUnavailable, UsageError
 from bisect_tool.interfaces import SwapSet
 from bisect_tool.values import short
@@ -272,6 +277,26 @@ class ArtifactCache:
             for tmp, _, _ in staged.values():
                 tmp.unlink(missing_ok=True)
         return self._must(commit, swap_set)
+
+    def add_extracted(
+        self,
+        commit: str,
+        files: Sequence[ExtractedFile],
+        *,
+        source: str,
+        origin: str,
+        wheel_size: int = 0,
+    ) -> SwapSet:
+        """Adopt swap-set files already extracted and hashed on the way (a member fetch by
+        HTTP range: the wheel itself was never whole here, so no wheel sha256). The files
+        move into the blob store (they must be on the cache's file system: its tmp/)."""
+        staged = {f.member: (f.path, f.sha256, f.size) for f in files}
+        try:
+            self._store(commit, staged, source=source, origin=origin, wheel_size=wheel_size)
+        finally:
+            for tmp, _, _ in staged.values():
+                tmp.unlink(missing_ok=True)
+        return self._must(commit, [f.member for f in files])
 
     def add_files(
         self, commit: str, files: Mapping[str, Path], *, source: str, origin: str

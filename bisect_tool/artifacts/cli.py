@@ -16,7 +16,7 @@ import click
 
 from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import RangeError, UsageError
-from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.recipe import ArtifactSettings, RuntimeSettings
 from bisect_tool.values import short
 
 DEFAULT_RECIPE = "batch-invariance"
@@ -25,6 +25,16 @@ FULL_SHA = re.compile(r"^[0-9a-fA-F]{40}$")
 
 def _echo_err(message: str) -> None:
     click.echo(message, err=True)
+
+
+def _runtime(recipe: str | None) -> RuntimeSettings | None:
+    """The recipe's [runtime]: its pinned torch picks the CUDA variant of per-commit wheels."""
+    from bisect_tool import recipe as recipes
+
+    try:
+        return recipes.load(recipe or DEFAULT_RECIPE).runtime
+    except Exception:  # no bundled default: the tool's own interpreter is asked
+        return None
 
 
 def _settings(recipe: str | None, members: tuple[str, ...] = ()) -> ArtifactSettings:
@@ -106,7 +116,9 @@ def fetch_command(refs: tuple[str, ...], recipe: str | None, repo: Path, cache_d
 
     settings = _with_cache_dir(_settings(recipe), cache_dir)
     resolved = [resolve_ref(repo, ref) for ref in refs]
-    with make_provider(settings, repo, progress=_echo_err) as provider:
+    with make_provider(
+        settings, repo, progress=_echo_err, runtime=_runtime(recipe)
+    ) as provider:
         for sha, tags in resolved:
             swap = provider.get(sha, tags)
             for rel, path in swap.files.items():

@@ -1,32 +1,41 @@
 """Where each candidate's swap set would come from, found without fetching or building it.
 
 `bisect plan` asks this: the cache (looked at, not touched), then the recipe's sources in the
-provider's order, each asked the way it answers cheaply: the wheel index's metadata.json (a HEAD
-for the legacy wheel name), the release index's listing (fetched once for every candidate), the
-recipe's local paths, and whether a source build could run at all (a build command and a clone).
-Each question is asked once, with no retries: a source that cannot be reached is said so once
-and not asked again, so a plan on a machine without network takes seconds, not minutes.
+provider's order, each asked the way it answers cheaply: the wheel index's metadata.json (one
+small request a candidate, in the variant the pinned torch loads; a HEAD for the legacy wheel
+name), the release index's listing (fetched once for every candidate), the recipe's local
+paths, and whether a source build could run at all (a build command and a clone). Each question
+is asked once, with no retries and a short deadline: a source that cannot be reached is said so
+once and not asked again, so a plan on a machine without network takes seconds, not minutes.
+
+``estimate_fetch`` then reads one central directory (two small range requests) for the bytes
+the wheel-index candidates will move: the swap-set members' compressed size plus the central
+directory, the same for every candidate as far as the plan knows (an estimate but for the wheel
+it read).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bisect_tool.artifacts.cache import ArtifactCache
+from bisect_tool.artifacts.sources import CommitFacts
 from bisect_tool.dirs import default_cache_dir
 from bisect_tool.errors import ArtifactUnavailable
 from bisect_tool.interfaces import SwapSet
-from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.recipe import ArtifactSettings, RuntimeSettings
 
 if TYPE_CHECKING:
     import httpx
 
+    from bisect_tool.artifacts.cuda import PinnedCuda
     from bisect_tool.artifacts.download import Downloader
     from bisect_tool.artifacts.index import IndexFile
+    from bisect_tool.artifacts.sources import WheelIndexSource
 
 #: how `bisect plan` names each source
 NAMES = {
@@ -45,11 +54,14 @@ BUILD = "source-build"
 @dataclass(frozen=True)
 class Origin:
     """One candidate's answer: ``source`` ("cache", a source's name, or "" for none), what it
-    points at (a URL, a path, or why no source has it), and the cached swap set, if any."""
+    points at (a URL, a path, or why no source has it), and the cached swap set, if any.
+    ``no_wheel``: why the wheel index has none (its ``NoWheel.kind`` and message), where it was
+    asked and said so."""
 
     source: str
     detail: str = ""
     swap: SwapSet | None = None
+    no_wheel: tuple[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -60,17 +72,50 @@ class _Unreachable(Exception):
     """The source cannot be asked at all here (no network, no clone): skip it from now on."""
 
 
+#: the deadline of each of the plan's requests: a plan answers in seconds or says why not
+PLAN_DEADLINE_S = 15.0
+
+
+@dataclass(frozen=True)
+class FetchEstimate:
+    """The bytes the wheel-index candidates will move, from one wheel's central directory."""
+
+    candidates: int  # candidates the wheel index will serve (not in the cache)
+    per_candidate: int  # bytes each: members' compressed data and local headers + directory
+    members: int  # of which the swap-set members' compressed size
+    directory: int  # of which the central directory and the end records
+    wheel_size: int  # the whole wheel that was read, for comparison
+    sampled: str  # the commit whose wheel was read ("" when none was)
+    whole_wheels: bool = False  # the server ignores ranges: whole wheels are fetched
+    note: str = ""  # why no wheel was read, if none was
+
+    @property
+    def total(self) -> int:
+        return self.candidates * self.per_candidate
+
+    @property
+    def exact(self) -> bool:
+        """Measured, not estimated: only the wheel that was read is fetched."""
+        return self.candidates == 1 and bool(self.sampled)
+
+
 def locate_all(
     settings: ArtifactSettings,
     candidates: Sequence[tuple[str, Sequence[str]]],
     repo: Path | None,
     *,
     http_client: httpx.Client | None = None,
-) -> tuple[list[Origin], dict[str, str]]:
-    """Each (commit, tags)'s origin, in order; and the sources that could not be asked, with
-    why (said once, not per candidate)."""
+    runtime: RuntimeSettings | None = None,
+    pinned_cuda: PinnedCuda | None = None,
+    facts: Mapping[str, CommitFacts] | None = None,
+    estimate: bool = False,
+) -> tuple[list[Origin], dict[str, str], FetchEstimate | None]:
+    """Each (commit, tags)'s origin, in order; the sources that could not be asked, with why
+    (said once, not per candidate); and, with ``estimate``, the bytes the wheel-index
+    candidates will move (``FetchEstimate``)."""
     import httpx
 
+    from bisect_tool.artifacts import commit_facts
     from bisect_tool.artifacts.download import Downloader, RetryPolicy
 
     root = default_cache_dir(settings.cache_dir)
@@ -80,9 +125,13 @@ def locate_all(
         timeout=httpx.Timeout(10.0), headers={"User-Agent": "bisect-tool"}
     )
     try:
-        asker = _Asker(settings, repo, Downloader(client, RetryPolicy(attempts=1)), root)
+        downloader = Downloader(client, RetryPolicy(attempts=1), deadline_s=PLAN_DEADLINE_S)
+        known = commit_facts(repo or Path("."), facts) if repo is not None else \
+            (lambda c: (facts or {}).get(c) or CommitFacts())
+        asker = _Asker(settings, repo, downloader, root, runtime, pinned_cuda, known)
         origins = [asker.origin(cache, commit, tuple(tags)) for commit, tags in candidates]
-        return origins, dict(asker.unreachable)
+        fetch = asker.estimate(candidates, origins) if estimate else None
+        return origins, dict(asker.unreachable), fetch
     finally:
         if owned:
             client.close()
@@ -90,7 +139,14 @@ def locate_all(
 
 class _Asker:
     def __init__(
-        self, settings: ArtifactSettings, repo: Path | None, downloader: Downloader, root: Path
+        self,
+        settings: ArtifactSettings,
+        repo: Path | None,
+        downloader: Downloader,
+        root: Path,
+        runtime: RuntimeSettings | None = None,
+        pinned_cuda: PinnedCuda | None = None,
+        facts: Callable[[str], CommitFacts] | None = None,
     ) -> None:
         self.settings = settings
         self.repo = repo
@@ -98,12 +154,17 @@ class _Asker:
         self.downloads = root / "downloads"  # named only: nothing is downloaded
         self.unreachable: dict[str, str] = {}
         self._listing: list[IndexFile] | None = None
+        self.runtime = runtime
+        self.pinned_cuda = pinned_cuda
+        self.facts = facts or (lambda _c: CommitFacts())
+        self._wheels: WheelIndexSource | None = None
 
     def origin(self, cache: ArtifactCache | None, commit: str, tags: tuple[str, ...]) -> Origin:
         cached = self._cached(cache, commit, tags)
         if cached is not None:
             return Origin("cache", cached.origin or cached.source, cached)
         reasons: list[str] = []
+        no_wheel: tuple[str, str] | None = None
         for source in self.settings.sources:
             if source in self.unreachable:
                 continue
@@ -113,10 +174,15 @@ class _Asker:
                 self.unreachable[source] = str(exc)
                 continue
             except ArtifactUnavailable as exc:
+                from bisect_tool.artifacts.sources import NoWheel
+
+                if source == "wheel-index":
+                    kind = exc.kind if isinstance(exc, NoWheel) else NoWheel.NOT_PUBLISHED
+                    no_wheel = (kind, exc.message)
                 reasons.append(f"{NAMES.get(source, source)}: {exc.message}")
                 continue
-            return Origin(source, found)
-        return Origin("", "; ".join(reasons) or "no source could be asked")
+            return Origin(source, found, no_wheel=no_wheel)
+        return Origin("", "; ".join(reasons) or "no source could be asked", no_wheel=no_wheel)
 
     def _cached(
         self, cache: ArtifactCache | None, commit: str, tags: tuple[str, ...]
@@ -151,28 +217,66 @@ class _Asker:
             raise _Unreachable(exc.message) from None
         raise ArtifactUnavailable(f"unknown source '{source}'")
 
-    def _wheel_index(self, commit: str) -> str:
-        from bisect_tool.artifacts.download import NotFound
-        from bisect_tool.artifacts.sources import LEGACY_WHEEL, WheelIndexSource
+    def wheels(self) -> WheelIndexSource:
+        """One wheel-index source for the whole plan: the pinned torch is asked once."""
+        if self._wheels is None:
+            from bisect_tool.artifacts.cuda import ask_pinned_cuda
+            from bisect_tool.artifacts.sources import WheelIndexSource
 
-        s = self.settings
-        source = WheelIndexSource(
-            s.wheel_index_url, s.package, s.variant, self.downloader, self.downloads
-        )
-        url = source.locate(commit)
-        if url.endswith("/" + LEGACY_WHEEL):
+            s = self.settings
+            pinned = self.pinned_cuda
+            runtime = self.runtime
+            self._wheels = WheelIndexSource(
+                s.wheel_index_url, s.package, s.variant, self.downloader, self.downloads,
+                swap_set=s.swap_set,
+                pinned=pinned or (lambda: ask_pinned_cuda(runtime)),
+            )
+        return self._wheels
+
+    def _wheel_index(self, commit: str) -> str:
+        source = self.wheels()
+        facts = self.facts(commit)
+        choice = source.locate(commit, facts)
+        if choice.legacy:
             # locate names the old layout's wheel without asking: ask, with a HEAD
             import httpx
 
             try:
-                response = self.downloader.client.head(url, follow_redirects=True)
+                response = self.downloader.client.head(choice.url, follow_redirects=True)
             except httpx.TransportError as exc:
                 raise _Unreachable(f"{type(exc).__name__}: {exc}") from None
             if response.status_code in (404, 410):
-                raise NotFound(f"{url}: {response.status_code} not found")
+                raise source.no_wheel(commit, facts)
             if response.status_code >= 400:
-                raise ArtifactUnavailable(f"{url}: HTTP {response.status_code}")
-        return url
+                raise ArtifactUnavailable(f"{choice.url}: HTTP {response.status_code}")
+        return choice.url
+
+    def estimate(
+        self, candidates: Sequence[tuple[str, Sequence[str]]], origins: Sequence[Origin]
+    ) -> FetchEstimate | None:
+        """What the wheel-index candidates will move, from the first one's central directory
+        (members' compressed size + local headers, and the directory itself)."""
+        from bisect_tool.artifacts.download import GaveUp, RangesIgnored
+        from bisect_tool.artifacts.members import read_directory
+
+        fetched = [(c, o) for (c, _), o in zip(candidates, origins, strict=True)
+                   if o.source == "wheel-index"]
+        if not fetched:
+            return None
+        commit, first = fetched[0]
+        n = len(fetched)
+        try:
+            directory = read_directory(self.downloader, first.detail, self.settings.swap_set)
+        except RangesIgnored as exc:
+            size = exc.size or 0
+            return FetchEstimate(n, size, 0, 0, size, commit, whole_wheels=True,
+                                 note="" if size else "the server says no length")
+        except (GaveUp, ArtifactUnavailable) as exc:
+            return FetchEstimate(n, 0, 0, 0, 0, "", note=exc.message)
+        return FetchEstimate(
+            n, directory.fetch_bytes, sum(directory.members.values()),
+            directory.directory_size, directory.wheel_size, commit,
+        )
 
     def _release(self, tags: tuple[str, ...]) -> str:
         from bisect_tool.artifacts.index import fetch_project_files

@@ -24,7 +24,7 @@ from pathlib import Path
 from bisect_tool.artifacts.build import Cancelled, SourceBuild, Ticket
 from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.artifacts.download import Downloader
-from bisect_tool.artifacts.sources import Source, swap_files_in
+from bisect_tool.artifacts.sources import CommitFacts, Source, WheelIndexSource, swap_files_in
 from bisect_tool.errors import AbortError, ArtifactUnavailable, BuildFailed, UsageError
 from bisect_tool.interfaces import SwapSet
 from bisect_tool.values import short
@@ -73,6 +73,7 @@ class CachingProvider:
         on_close: Callable[[], None] | None = None,
         package: str = "",
         lookahead: int = DEFAULT_LOOKAHEAD,
+        facts: Callable[[str], CommitFacts] | None = None,
     ) -> None:
         if not swap_set:
             raise UsageError("the recipe's [artifacts] swap_set is empty; list the files to swap")
@@ -84,6 +85,9 @@ class CachingProvider:
         self._on_close = on_close
         self.package = package  # release tags of a commit also find the release's cached files
         self.lookahead = max(0, lookahead)
+        # what the range knows of a commit (on the main line? when committed?): the wheel
+        # index says why it has no wheel with it
+        self.facts = facts or (lambda _commit: CommitFacts())
         self._cond = threading.Condition()
         self._jobs: dict[str, _Job] = {}  # the lookahead: commit -> its fetch, in order
         self._orphans: list[_Job] = []  # running fetches the last prefetch dropped
@@ -304,10 +308,20 @@ class CachingProvider:
         try:
             if isinstance(source, SourceBuild):
                 fetched = source.fetch(commit, tags, work, ticket)
+            elif isinstance(source, WheelIndexSource):
+                fetched = source.fetch(commit, tags, work, self.facts(commit))
             else:
                 fetched = source.fetch(commit, tags, work)
             self.progress(f"{short(commit)}: {source.name} -> {fetched.origin}")
             try:
+                if fetched.kind == "members":
+                    return self.cache.add_extracted(
+                        commit,
+                        fetched.members,
+                        source=source.name,
+                        origin=fetched.origin,
+                        wheel_size=fetched.wheel_size,
+                    )
                 if fetched.kind == "wheel":
                     return self.cache.add_wheel(
                         commit,

@@ -53,6 +53,9 @@ LISTING_VERSION = 1
 # the wheel downloads' policy may wait out.
 LISTING_RETRY = RetryPolicy(attempts=2, wait_initial_s=0.5, wait_max_s=1.0, retry_after_cap_s=2.0)
 LISTING_TIMEOUT = httpx.Timeout(15.0, connect=5.0)
+# ... and an overall deadline per page: an index that trickles a byte a second answers every
+# read in time and would hold `start --releases` for hours (issue 38)
+LISTING_DEADLINE_S = 20.0
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -247,7 +250,8 @@ def list_releases(
         attempts=min(LISTING_RETRY.attempts, downloader.retry.attempts),
         sleep=downloader.retry.sleep,
     )
-    quick = downloader.with_policy(policy, timeout=LISTING_TIMEOUT)
+    quick = downloader.with_policy(policy, timeout=LISTING_TIMEOUT,
+                                   deadline_s=LISTING_DEADLINE_S)
     try:
         listed = list_files(quick, places, package)
     except ArtifactUnavailable as exc:

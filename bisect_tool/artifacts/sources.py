@@ -4,14 +4,15 @@ the next source and, if all fail, lists every reason)."""
 
 from __future__ import annotations
 
-import configparser
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 from urllib.parse import urljoin, urlsplit
 from urllib.request import url2pathname
 
@@ -19,8 +20,18 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from bisect_tool.artifacts.download import Downloader, GaveUp, NotFound
+from bisect_tool.artifacts.cuda import (
+    DEFAULT_AFTER,
+    DEFAULT_BEFORE,
+    DEFAULT_SWITCH,
+    UNKNOWN,
+    PinnedCuda,
+    variant_major,
+)
+from bisect_tool.artifacts.download import Downloader, GaveUp, NotFound, RangesIgnored
+from bisect_tool.artifacts.extract import ExtractedFile
 from bisect_tool.artifacts.index import IndexFile, fetch_project_files, parse_html
+from bisect_tool.artifacts.members import fetch_members
 from bisect_tool.errors import ArtifactUnavailable
 from bisect_tool.values import short
 
@@ -62,11 +73,24 @@ _TAG_RANK = {tag: i for i, tag in enumerate(target_tags())}
 
 @dataclass(frozen=True)
 class Fetched:
-    kind: Literal["wheel", "dir"]
+    kind: Literal["wheel", "dir", "members"]
     path: Path
     origin: str  # URL or path, for the manifest
     wheel_sha256: str = ""
     temporary: bool = False  # delete after extraction (downloaded wheels)
+    # kind "members": the swap-set files already extracted (hashed) under ``path``
+    members: tuple[ExtractedFile, ...] = ()
+    wheel_size: int = 0
+
+
+@dataclass(frozen=True)
+class CommitFacts:
+    """What the range knows of a candidate that the wheel index cannot say: whether it is on the
+    main line (vLLM publishes wheels for main's commits only, vLLM #16217) and when it was
+    committed (a just-merged commit has none for about an hour). None: not known."""
+
+    on_mainline: bool | None = None
+    committed_at: float | None = None  # unix time (the committer date)
 
 
 class Source(Protocol):
@@ -94,59 +118,275 @@ def _download_name(commit: str, url: str, cache_downloads: Path) -> Path:
     return cache_downloads / f"{short(commit)}-{url.rsplit('/', 1)[-1].replace('%2B', '+')}"
 
 
+class NoWheel(ArtifactUnavailable):
+    """The wheel index has no wheel of this commit the pinned stack can load; ``kind`` says
+    why, for `bisect plan`'s tally: one of ``NoWheel.KINDS``."""
+
+    NOT_ON_MAIN = "not on main"
+    TOO_NEW = "too new"
+    VARIANT_MISSING = "variant missing"
+    WRONG_CUDA = "wrong CUDA"
+    NOT_PUBLISHED = "not published"
+    KINDS = (NOT_ON_MAIN, TOO_NEW, VARIANT_MISSING, WRONG_CUDA, NOT_PUBLISHED)
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+#: how long after its merge a main commit may still lack its wheel (vLLM's CI builds and
+#: uploads it after the merge: "about an hour", vllm-facts.md)
+WHEEL_DELAY_S = 3600.0
+
+
+@dataclass(frozen=True)
+class WheelChoice:
+    """The wheel of a commit the pinned stack loads, and why its CUDA is taken to match."""
+
+    url: str
+    filename: str
+    variant: str  # the build's CUDA variant ("" when not known)
+    how: str  # where the variant was read ("the cu130 folder", "the commit's date", ...)
+    legacy: bool = False  # the fixed legacy name, not listed: its existence is not yet known
+
+
+def _local_variant(version: str) -> str:
+    """The CUDA variant in a version's local part (``0.10.2+cu129``, ``...+g12ab.cu130``)."""
+    try:
+        local = Version(version).local or ""
+    except InvalidVersion:
+        return ""
+    return next((part for part in local.split(".") if variant_major(part) is not None), "")
+
+
 class WheelIndexSource:
-    """vLLM's per-commit wheels: ``{base}/{commit}[/{variant}]/vllm/metadata.json`` whose
-    entries' ``path`` is relative to that folder and already quoted (``+`` as ``%2B``); older
-    commits only have ``{base}/{commit}/vllm-1.0.0.dev-cp38-abi3-manylinux1_x86_64.whl``."""
+    """vLLM's per-commit wheels (vllm-facts.md, "Where per-commit builds come from").
+
+    The CUDA variant is chosen as vLLM's setup.py chooses it: the recipe's ``variant``, else the
+    pinned torch's CUDA (``cuda.ask_pinned_cuda``); its folder
+    ``{base}/{commit}/{variant}/vllm/metadata.json`` is asked first, then the default folder
+    ``{base}/{commit}/vllm/metadata.json``, used only when its build's CUDA matches (read from its
+    entry's variant or version, else judged by the commit's date against vLLM PR #39878, which
+    made cu130 the default in April 2026). Entries' ``path`` is relative to their folder and
+    already quoted (``+`` as ``%2B``). Commits from before metadata.json have only
+    ``{base}/{commit}/vllm-1.0.0.dev-cp38-abi3-manylinux1_x86_64.whl`` (built for CUDA 12).
+
+    Only the swap-set members are fetched, by HTTP range (``members.fetch_members``); a server
+    that ignores ranges gets whole wheels from then on, said once through ``progress``."""
 
     name = "wheel-index"
 
     def __init__(
-        self, base_url: str, package: str, variant: str, downloader: Downloader, downloads: Path
+        self,
+        base_url: str,
+        package: str,
+        variant: str,
+        downloader: Downloader,
+        downloads: Path,
+        *,
+        swap_set: Sequence[str] = (),
+        pinned: PinnedCuda | Callable[[], PinnedCuda] | None = None,
+        progress: Callable[[str], None] | None = None,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.base = base_url.rstrip("/")
         self.package = package
         self.variant = variant.strip("/")
         self.downloader = downloader
         self.downloads = downloads
+        self.swap_set = tuple(swap_set)
+        self._pinned_source = pinned
+        self._pinned: PinnedCuda | None = pinned if isinstance(pinned, PinnedCuda) else None
+        self._lock = threading.Lock()
+        self.progress = progress or (lambda _msg: None)
+        self.now = now
+        self.whole_wheels = False  # set once the server was seen to ignore ranges
 
-    def locate(self, commit: str) -> str:
-        if not FULL_SHA.match(commit):
-            raise ArtifactUnavailable(f"needs a full 40-hex commit, got '{commit}'")
-        folder = f"{self.base}/{commit}/" + (f"{self.variant}/" if self.variant else "")
-        meta_url = f"{folder}{self.package}/metadata.json"
+    @property
+    def legacy_name(self) -> str:
+        return LEGACY_WHEEL.replace("vllm-", f"{self.package}-", 1)
+
+    def pinned(self) -> PinnedCuda:
+        """The pinned torch's CUDA, asked once (the first commit that needs it)."""
+        with self._lock:
+            if self._pinned is None:
+                source = self._pinned_source
+                self._pinned = source() if callable(source) else UNKNOWN
+            return self._pinned
+
+    def _folder(self, commit: str, variant: str) -> str:
+        return f"{self.base}/{commit}/" + (f"{variant}/" if variant else "")
+
+    def _metadata(self, commit: str, variant: str) -> tuple[list[Any], str] | None:
+        """The entries of ``[variant/]vllm/metadata.json`` and its URL; None for a 404."""
+        url = f"{self._folder(commit, variant)}{self.package}/metadata.json"
         try:
-            entries = self.downloader.get(meta_url).json()
+            entries = self.downloader.get(url).json()
         except ValueError:
-            raise ArtifactUnavailable(f"{meta_url} is not JSON") from None
-        except NotFound as missing:
-            if self.variant:
-                raise ArtifactUnavailable(
-                    f"no variant '{self.variant}' for this commit ({missing})"
-                ) from None
-            # Older layout: one fixed wheel name in the commit folder. A 404 here propagates.
-            return f"{self.base}/{commit}/{LEGACY_WHEEL}"
+            raise ArtifactUnavailable(f"{url} is not JSON") from None
+        except NotFound:
+            return None
+        return (entries if isinstance(entries, list) else []), url
+
+    def _pick(self, entries: list[Any], meta_url: str) -> tuple[dict[str, Any], str]:
+        """The entry the pinned stack loads best (pip's tag order) and its wheel's URL."""
         ranked = []
-        for entry in entries if isinstance(entries, list) else []:
+        for entry in entries:
+            if not isinstance(entry, dict):
+                continue
             filename = str(entry.get("filename", ""))
             rank = _wheel_rank(filename)
             if rank is None or not entry.get("path"):
                 continue
-            if self.variant and (entry.get("variant") or "") not in ("", self.variant):
+            name = entry.get("package_name")
+            if name and canonicalize_name(str(name)) != canonicalize_name(self.package):
                 continue
-            ranked.append((rank, urljoin(meta_url, str(entry["path"]))))
+            ranked.append((rank, filename, urljoin(meta_url, str(entry["path"])), entry))
         if not ranked:
             raise ArtifactUnavailable(
                 f"{meta_url} lists no wheel for CPython {_target()} on manylinux {TARGET_ARCH}"
             )
-        return min(ranked)[1]
+        _, _, url, entry = min(ranked, key=lambda r: (r[0], r[1]))
+        return entry, url
 
-    def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
-        url = self.locate(commit)
-        dest = _download_name(commit, url, self.downloads)
-        # The index publishes no hashes: the wheel's own zip CRCs still catch a damaged file.
-        self.downloader.download(url, dest)
-        return Fetched("wheel", dest, url, temporary=True)
+    def has(self, commit: str) -> str:
+        """What the commit folder holds, from its project list (``{commit}/index.html``):
+        "default, cu129, cpu"; "" when that page cannot be read."""
+        try:
+            page = self.downloader.get(f"{self.base}/{commit}/index.html")
+            links = parse_html(page.text, str(page.url))
+        except ArtifactUnavailable:
+            return ""
+        names = [link.filename.strip("/") for link in links]
+        found = ["default" for n in names if n == self.package]
+        return ", ".join(found + sorted(n for n in names if n and n != self.package))
+
+    def default_cuda(self, entry: Mapping[str, Any], facts: CommitFacts) -> tuple[str, str]:
+        """The CUDA variant of the default folder's build, and where it was read: its entry's
+        variant, the local part of its version or file name, else the commit's date against
+        vLLM PR #39878 (cu129 before, cu130 after); ("", why) when none of them says."""
+        variant = str(entry.get("variant") or "")
+        if variant_major(variant) is not None:
+            return variant, "its metadata entry's variant"
+        for version in (str(entry.get("version") or ""), _filename_version(entry)):
+            found = _local_variant(version)
+            if found:
+                return found, "its version's local part"
+        if facts.committed_at is not None:
+            when = time.strftime("%Y-%m-%d", time.gmtime(facts.committed_at))
+            if facts.committed_at < DEFAULT_SWITCH:
+                return DEFAULT_BEFORE, (
+                    f"the commit's date, {when}: before vLLM PR #39878 made cu130 the default"
+                )
+            return DEFAULT_AFTER, (
+                f"the commit's date, {when}: after vLLM PR #39878 made cu130 the default"
+            )
+        return "", "not known (no variant in its metadata and no commit date)"
+
+    def no_wheel(self, commit: str, facts: CommitFacts) -> NoWheel:
+        """Why the index has no wheel at all for ``commit`` (nothing in its folder)."""
+        if facts.on_mainline is False:
+            return NoWheel(
+                "not on main: vLLM publishes per-commit wheels for main's commits only "
+                "(vLLM #16217)", NoWheel.NOT_ON_MAIN,
+            )
+        if facts.committed_at is not None and self.now() - facts.committed_at < WHEEL_DELAY_S:
+            minutes = max(0, int((self.now() - facts.committed_at) // 60))
+            return NoWheel(
+                f"committed {minutes} min ago: vLLM's wheel of a main commit appears about an "
+                "hour after the merge; run again later", NoWheel.TOO_NEW,
+            )
+        hint = "" if facts.on_mainline else "; vLLM publishes them for main's commits only"
+        return NoWheel(
+            f"no wheel at {self.base}/{commit}/ (404: no metadata.json, no legacy wheel{hint})",
+            NoWheel.NOT_PUBLISHED,
+        )
+
+    def locate(self, commit: str, facts: CommitFacts | None = None) -> WheelChoice:
+        """The wheel of ``commit`` the pinned stack loads; ``NoWheel`` saying why there is none
+        (a ``legacy`` choice is not yet known to exist: its fetch says)."""
+        facts = facts or CommitFacts()
+        if not FULL_SHA.match(commit):
+            raise ArtifactUnavailable(f"needs a full 40-hex commit, got '{commit}'")
+        pinned = self.pinned()
+        if self.variant and pinned.loads(self.variant) is False:
+            raise NoWheel(pinned.refusal(self.variant, "variant named by the recipe"),
+                          NoWheel.WRONG_CUDA)
+        wanted = self.variant or pinned.variant
+        if wanted:
+            found = self._metadata(commit, wanted)
+            if found is not None:
+                entry, url = self._pick(*found)
+                return WheelChoice(url, str(entry["filename"]), wanted, f"the {wanted} folder")
+        found = self._metadata(commit, "")
+        if found is None:
+            if pinned.major not in (None, 12):
+                # Before metadata.json, one build per commit, for CUDA 12 (the legacy wheel).
+                raise self._missing(commit, facts, wanted)
+            return WheelChoice(f"{self.base}/{commit}/{self.legacy_name}", self.legacy_name,
+                               "", "the legacy layout (CUDA 12)", legacy=True)
+        entry, url = self._pick(*found)
+        variant, how = self.default_cuda(entry, facts)
+        if wanted and variant and not _same_cuda(variant, wanted):
+            has = self.has(commit)
+            listed = f"it has {has}; " if has else ""
+            raise NoWheel(
+                f"{pinned.refusal(variant) if pinned.version else variant + ' wheel'}: the "
+                f"commit has no {wanted} build ({listed}its default build is {variant}, by "
+                f"{how})",
+                NoWheel.VARIANT_MISSING,
+            )
+        return WheelChoice(url, str(entry["filename"]), variant, f"the default folder ({how})")
+
+    def _missing(self, commit: str, facts: CommitFacts, wanted: str) -> NoWheel:
+        """No folder the pinned torch can use: no wheel at all, or only other variants."""
+        has = self.has(commit)
+        if not has:
+            return self.no_wheel(commit, facts)
+        return NoWheel(f"no {wanted} build: the commit has {has}", NoWheel.VARIANT_MISSING)
+
+    def fetch(
+        self, commit: str, tags: Sequence[str], work: Path, facts: CommitFacts | None = None
+    ) -> Fetched:
+        facts = facts or CommitFacts()
+        choice = self.locate(commit, facts)
+        try:
+            if self.swap_set and not self.whole_wheels:
+                try:
+                    got = fetch_members(self.downloader, choice.url, self.swap_set, work)
+                except RangesIgnored:
+                    self.whole_wheels = True
+                    self.progress(
+                        f"{urlsplit(self.base).netloc} ignores HTTP range requests: fetching "
+                        "whole wheels from it"
+                    )
+                else:
+                    return Fetched("members", work, choice.url, members=got.files,
+                                   wheel_size=got.wheel_size)
+            dest = _download_name(commit, choice.url, self.downloads)
+            # The index publishes no hashes: the wheel's own zip CRCs still catch a damage.
+            self.downloader.download(choice.url, dest)
+        except NotFound:
+            if choice.legacy:
+                raise self._missing(commit, facts, "") from None
+            raise
+        return Fetched("wheel", dest, choice.url, temporary=True)
+
+
+def _filename_version(entry: Mapping[str, Any]) -> str:
+    try:
+        return str(parse_wheel_filename(str(entry.get("filename", "")))[1])
+    except (InvalidWheelFilename, InvalidVersion):
+        return ""
+
+
+def _same_cuda(have: str, want: str) -> bool:
+    """Whether a build of variant ``have`` serves where ``want`` is wanted: the same variant,
+    or CUDA builds of the same major version (setup.py maps majors)."""
+    if have == want:
+        return True
+    major = variant_major(have)
+    return major is not None and major == variant_major(want)
 
 
 PYPI = "https://pypi.org/simple"
@@ -183,59 +423,64 @@ def _pip_name(name: str) -> str:
     return name.lower().replace("_", "-").removeprefix("--")
 
 
-def _pip_files(env: Mapping[str, str], home: Path, prefix: Path) -> list[Path]:
-    """pip's configuration files, in the order pip loads them (a later one wins): site-wide
-    ($XDG_CONFIG_DIRS/pip/pip.conf, /etc/pip.conf), the user's (~/.pip/pip.conf, then
-    $XDG_CONFIG_HOME/pip/pip.conf; skipped when $PIP_CONFIG_FILE names a file that exists), the
-    environment's (sys.prefix/pip.conf), then $PIP_CONFIG_FILE. $PIP_CONFIG_FILE=/dev/null:
-    none at all (pip's own rule)."""
-    config_file = env.get("PIP_CONFIG_FILE")
-    if config_file == os.devnull:
-        return []
-    dirs = (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep)
-    files = [Path(d) / "pip" / "pip.conf" for d in dirs if d] + [Path("/etc/pip.conf")]
-    if not (config_file and Path(config_file).exists()):
-        xdg_config = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
-        files += [home / ".pip" / "pip.conf", xdg_config / "pip" / "pip.conf"]
-    files.append(prefix / "pip.conf")
-    if config_file:
-        files.append(Path(config_file))
-    return files
+def _pip_command() -> list[str] | None:
+    """How to run the user's pip: the tool's own interpreter's (``python -m pip``), else the
+    ``pip`` on PATH (a tool installed without pip, as ``uv tool`` does); None without one."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    found = shutil.which("pip3") or shutil.which("pip")
+    return [found] if found else None
 
 
 def pip_settings(
-    env: Mapping[str, str] | None = None, home: Path | None = None, prefix: Path | None = None
+    env: Mapping[str, str] | None = None, home: Path | None = None
 ) -> dict[str, str]:
-    """What pip's configuration says for ``pip install``, as pip merges it: every file's
-    [global] then [install] values (a later file wins within each), then the ``PIP_*``
-    environment variables over both. Keys are pip's option names (``index-url``)."""
-    env = os.environ if env is None else env
-    merged: dict[str, str] = {}
-    for path in _pip_files(env, home or Path.home(), prefix or Path(sys.prefix)):
-        parser = configparser.RawConfigParser()
-        parser.optionxform = _pip_name  # type: ignore[assignment,method-assign]
+    """What pip's configuration says for ``pip install``, asked of pip itself (``pip config
+    list`` under ``env``, HOME as ``home``): its merged files' [global] then [install] values,
+    then the ``PIP_*`` environment variables (``:env:``) over both, the order in which pip's
+    option parser applies them. Keys are pip's option names (``index-url``). Without a pip to
+    ask, the ``PIP_*`` variables alone (no pip, no pip.conf read by it)."""
+    import ast
+    import subprocess
+
+    env = dict(os.environ if env is None else env)
+    if home is not None:
+        env["HOME"] = str(home)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    items: dict[str, str] = {}
+    command = _pip_command()
+    done = None
+    if command is not None:
         try:
-            parser.read(path, encoding="utf-8")
-        except (configparser.Error, UnicodeDecodeError, OSError):
-            continue  # pip stops with an error; a listing should not: the file is skipped
-        for section in parser.sections():
-            for key, value in parser.items(section):
-                merged[f"{section}.{key}"] = value
+            done = subprocess.run([*command, "config", "list"], capture_output=True, text=True,
+                                  env=env, timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError):
+            done = None
+    if done is not None and done.returncode == 0:
+        for line in done.stdout.splitlines():
+            key, sep, value = line.partition("=")
+            if not sep or "." not in key:
+                continue
+            try:
+                items[key] = str(ast.literal_eval(value))  # pip prints each value's repr
+            except (ValueError, SyntaxError):
+                items[key] = value.strip("'\"")
+    else:
+        items = {f":env:.{_pip_name(k[4:])}": v for k, v in env.items()
+                 if k.startswith("PIP_") and k not in ("PIP_VERSION", "PIP_HELP")}
     out: dict[str, str] = {}
-    for section in ("global", "install"):
-        out.update({k.split(".", 1)[1]: v for k, v in merged.items()
+    for section in ("global", "install", ":env:"):
+        out.update({_pip_name(k.split(".", 1)[1]): v for k, v in items.items()
                     if k.split(".", 1)[0] == section})
-    for key, value in env.items():
-        if key.startswith("PIP_") and key not in ("PIP_VERSION", "PIP_HELP"):
-            out[_pip_name(key[4:])] = value
     return out
 
 
-def pip_config(
-    env: Mapping[str, str] | None = None, home: Path | None = None, prefix: Path | None = None
-) -> PipIndexes:
+def pip_config(env: Mapping[str, str] | None = None, home: Path | None = None) -> PipIndexes:
     """The indexes and find-links locations ``pip install`` would use (see ``pip_settings``)."""
-    settings = pip_settings(env, home, prefix)
+    settings = pip_settings(env, home)
     return PipIndexes(
         index_url=settings.get("index-url", "").strip() or PYPI,
         extra_index_urls=tuple(settings.get("extra-index-url", "").split()),

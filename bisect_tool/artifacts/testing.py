@@ -32,18 +32,51 @@ def make_wheel(
     return path
 
 
+def byte_range(header: str, size: int) -> tuple[int, int] | None | str:
+    """The ``[start, end)`` a single-range ``Range`` header asks of a ``size``-byte file; None
+    to answer with the whole file (no header, another unit, several ranges: RFC 9110 lets a
+    server ignore those); ``"unsatisfiable"`` for 416."""
+    header = header.strip()
+    if not header.startswith("bytes=") or "," in header:
+        return None
+    first, sep, last = header[len("bytes="):].strip().partition("-")
+    try:
+        if not sep:
+            return None
+        if not first:  # a suffix: the last n bytes
+            n = int(last)
+            return (max(0, size - n), size) if n > 0 and size else "unsatisfiable"
+        start = int(first)
+        end = min(int(last) + 1, size) if last else size
+    except ValueError:
+        return None
+    if start >= size or end <= start:
+        return "unsatisfiable"
+    return start, end
+
+
 class LoopbackHTTP:
     """A threaded stdlib HTTP server on 127.0.0.1 (a free port) whose GETs go to ``handle``.
     ``start()`` serves; ``stop()`` shuts down and closes the socket (idempotent: after it the
     port refuses connections, as an offline index does)."""
 
-    def __init__(self, handle: Callable[[http.server.BaseHTTPRequestHandler], None]) -> None:
+    def __init__(
+        self, handle: Callable[[http.server.BaseHTTPRequestHandler], None], *, head: bool = False
+    ) -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if head else "HTTP/1.0"
+
             def log_message(self, format: str, *args: object) -> None:  # quiet
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 handle(self)
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                if head:  # the handler answers HEAD itself (headers, no body)
+                    handle(self)
+                else:
+                    self.send_error(501)
 
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
@@ -74,7 +107,9 @@ class LoopbackHTTP:
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "drop" (half the body, then close), "status" (reply code), "short" (lie on size)
+    # "drop" (half the body, then close), "status" (reply code), "pass" (served as usual: a
+    # later request of the queue gets the fault)
+    kind: str
     status: int = 0
     retry_after: str = ""
 
@@ -185,20 +220,20 @@ class WheelServer:
         if data is None:
             handler.send_error(404)
             return
-        start = 0
-        if rng.startswith("bytes="):
-            start = int(rng[6:].split("-")[0])
-            if start >= len(data):
-                handler.send_response(416)
-                handler.send_header("Content-Range", f"bytes */{len(data)}")
-                handler.send_header("Content-Length", "0")
-                handler.end_headers()
-                return
+        span = byte_range(rng, len(data))
+        if span == "unsatisfiable":
+            handler.send_response(416)
+            handler.send_header("Content-Range", f"bytes */{len(data)}")
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return
+        start, end = span if isinstance(span, tuple) else (0, len(data))
+        if isinstance(span, tuple):
             handler.send_response(206)
-            handler.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            handler.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         else:
             handler.send_response(200)
-        body = data[start:]
+        body = data[start:end]
         handler.send_header(
             "Content-Type", self.content_types.get(path, "application/octet-stream")
         )

@@ -3,23 +3,20 @@ options, the state dir's lock, how progress is shown, and how a run's outcome is
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shlex
-import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
 
 from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import NoAnswer, RangeError, StateDirUnusable
-from bisect_tool.events import Observer
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.recipe import Recipe
 from bisect_tool.run import Outcome
-from bisect_tool.values import spelled
+from bisect_tool.values import percent, spelled
 from bisect_tool.verdict import EndState
 
 
@@ -171,22 +168,6 @@ def run_options(fn: Callable[..., None]) -> Callable[..., None]:
     return progress_options(repo_option(state_option(state_locked()(fn))))
 
 
-@contextlib.contextmanager
-def watching(quiet: bool, verbose: bool) -> Iterator[Observer]:
-    """How a run's progress is shown: a live view on a terminal, plain lines otherwise (or
-    with -v), nothing with -q."""
-    from bisect_tool.events import ignore
-    from bisect_tool.progress import LiveView, PlainLines
-
-    if quiet:
-        yield ignore
-    elif verbose or not sys.stderr.isatty():
-        yield PlainLines(lifetimes=verbose)
-    else:
-        with LiveView() as view:
-            yield view
-
-
 def print_outcome(outcome: Outcome, journal: Path | None = None) -> None:
     summary = outcome.summary
     if outcome.next_candidate is not None:
@@ -202,13 +183,13 @@ def print_outcome(outcome: Outcome, journal: Path | None = None) -> None:
         where = summary.get("flip_provenance") or {}
         if len(block) == 1:
             click.echo(
-                f"{word} {noun}: {block[0]} (confidence {summary['confidence']:.1%}, "
+                f"{word} {noun}: {block[0]} (confidence {percent(summary['confidence'])}, "
                 f"{summary['evaluations']} lifetimes)"
             )
             if where.get(summary["flip_block"][0]):
                 click.echo(f"  {where[summary['flip_block'][0]]}")
         else:
-            click.echo(f"{word} {noun} could be any of ({summary['confidence']:.1%}):")
+            click.echo(f"{word} {noun} could be any of ({percent(summary['confidence'])}):")
             for sha, shown in zip(summary["flip_block"], block, strict=True):
                 click.echo(f"  {shown}" + (f" ({where[sha]})" if where.get(sha) else ""))
         if journal is None:

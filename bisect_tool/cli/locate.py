@@ -15,13 +15,14 @@ from bisect_tool.cli.common import (
     gpu_list,
     run_options,
     state_dir_of,
-    watching,
     with_flags,
 )
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import NoAnswer
 from bisect_tool.events import Observer
+from bisect_tool.progress import watching
 from bisect_tool.request import StartRequest
+from bisect_tool.values import percent
 
 
 def locate_before_bisect(
@@ -48,8 +49,8 @@ def locate_before_bisect(
     wanted = (Explanation.COMPILED, Explanation.PYTHON)
     if not finding.decided or finding.explanation not in wanted:
         raise NoAnswer(
-            f"bisect locate says {finding.explanation} ({finding.probability:.1%}): nothing to "
-            "bisect on one side (see above)"
+            f"bisect locate says {finding.explanation} ({percent(finding.probability)}): "
+            "nothing to bisect on one side (see above)"
         )
     click.echo("")
     if finding.explanation is Explanation.COMPILED:
@@ -132,5 +133,5 @@ def locate(
     if not f.decided:
         raise NoAnswer(
             f"no explanation holds the asked confidence ({f.explanation} at "
-            f"{f.probability:.1%}); raise --lifetimes-per-cell or see the cells above"
+            f"{percent(f.probability)}); raise --lifetimes-per-cell or see the cells above"
         )

@@ -19,7 +19,7 @@ from bisect_tool.cli.common import (
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JOURNAL_NAME
 from bisect_tool.run import Outcome
-from bisect_tool.values import short, spelled
+from bisect_tool.values import percent, rate_text, short, spelled
 from bisect_tool.verdict import end_state
 
 
@@ -43,18 +43,18 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
         flip = ", ".join(spelled(str(s), level) for s in summary["flip_block"])
     else:  # a single commit whole: a script may pass it to git as it is
         flip = summary["flip_commit"] or ", ".join(short(str(s)) for s in summary["flip_block"])
-    click.echo(f"top candidate: {flip} at {summary['confidence']:.1%}")
+    click.echo(f"top candidate: {flip} at {percent(summary['confidence'])}")
     click.echo(f"90% credible set: {len(summary['credible_set'])} commits")
     click.echo(
         f"lifetimes: {summary['evaluations']} over {summary['candidates_tested']} of "
-        f"{summary['candidates']} candidates; p ~ {summary['p_estimate']:.2f}"
+        f"{summary['candidates']} candidates; p ~ {rate_text(summary['p_estimate'])}"
     )
     tiers = summary.get("tiers")
     if tiers:
         click.echo(
             f"tiers: {tiers['phase']}; the {tiers['kind']} probe ran {tiers['narrow_runs']} "
             f"times and puts the flip at {short(spelled(str(tiers['narrow_flip']), level))} "
-            f"({tiers['narrow_confidence']:.1%})"
+            f"({percent(tiers['narrow_confidence'])})"
         )
 
 
@@ -108,10 +108,15 @@ def log(repo: Path, state_dir: Path | None) -> None:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 def replay_cmd(file: Path, as_json: bool) -> None:
-    """Rebuild the search from a journal FILE and print where it stands (no repository needed)."""
+    """Rebuild the search from a journal FILE and print where it stands (no repository needed).
+    A locate's journal is read as a locate: the explanation its report names."""
     from bisect_tool import session
 
-    state = session.replay(journal_mod.read(file))
+    contents = journal_mod.read(file)
+    if contents.header.get("mode") == "locate":
+        _replay_locate(contents, file, as_json)
+        return
+    state = session.replay(contents)
     summary = state.summary()
     summary.pop("posterior")
     if as_json:
@@ -120,11 +125,41 @@ def replay_cmd(file: Path, as_json: bool) -> None:
     end = state.end or {}
     if not end:
         top = short(spelled(str(summary["flip_block"][0]), str(summary.get("level") or "commit")))
-        click.echo(f"running: top {summary['confidence']:.1%} at {top}")
+        click.echo(f"running: top {percent(summary['confidence'])} at {top}")
         return
-    print_outcome(Outcome(end_state(end["state"]), str(end.get("message", "")), summary),
-                  journal=file)
+    from bisect_tool.report.names import commit_entry, rename
 
+    # the candidates as the report spells them (a release's tag, not its stand-in commit's SHA)
+    commits = [commit_entry(c, i, "") for i, c in enumerate(contents.header.get("candidates")
+                                                             or [])]
+    print_outcome(Outcome(end_state(end["state"]), rename(str(end.get("message", "")), commits),
+                          summary), journal=file)
+
+
+def _replay_locate(contents: journal_mod.JournalContents, file: Path, as_json: bool) -> None:
+    """A locate's finding from the facts its report is rendered from (issue 41: replay read a
+    locate's journal as a bisect's and printed "first bad release: v0.26.0 (100.0 %)" where the
+    report said "the compiled side carries the change (99.5 %)")."""
+    import shlex
+
+    from bisect_tool.errors import NoAnswer
+    from bisect_tool.report import build_locate_report, bundled_recipe
+
+    located = build_locate_report(contents, bundled_recipe(contents))
+    f = located["finding"]
+    if as_json:
+        click.echo(json.dumps({"kind": "locate", **f, "next": located["next"]}, indent=2))
+        return
+    said = f"{f['words']} ({percent(f['probability'])})"
+    click.echo(f"locate {located['bad']} (bad) .. {located['good']} (good): " + (
+        said if f["decided"] else f"not decided: {said}, below the {percent(f['stop_at'])} "
+        "the run stops at"))
+    if f["decided"] and located["next"].get("command"):
+        click.echo(f"next: {located['next']['command']}")
+    click.echo(f"the full report: bisect report --journal {shlex.quote(str(file))}")
+    if not f["decided"]:
+        raise NoAnswer(f"the locate stopped undecided ({f['words']} at "
+                       f"{percent(f['probability'])})")
 
 
 @click.command()

@@ -22,13 +22,13 @@ from bisect_tool.cli.common import (
     state_dir_of,
     state_locked,
     state_option,
-    watching,
     with_flags,
 )
 from bisect_tool.cli.locate import locate_before_bisect
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JOURNAL_NAME
+from bisect_tool.progress import watching
 from bisect_tool.request import ReleaseRequest, StartRequest
 
 
@@ -213,6 +213,8 @@ def start(
             no_controls=no_controls,
             no_narrow=no_narrow,
         )
+        if mainline:
+            recipe_obj = recipe_obj.override("range", mainline=mainline)
         if deterministic:
             recipe_obj = recipe_obj.override("probe", deterministic=True)
     request = StartRequest(

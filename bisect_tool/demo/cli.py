@@ -3,7 +3,8 @@
 Generates the demo repository (a vLLM-shaped history with one planted fix), then runs
 ``bisect start --good v0.27.0 --bad v0.26.0`` with source builds of each candidate's C
 extension, the extension swapped into the pinned demollm stack, several server lifetimes per
-candidate and the server determinism probe; prints the report (or ``--json``).
+candidate and the server determinism probe; writes the report and prints a summary (or
+``--json``). Everything it made stays in one folder (``bisect_tool.demo.outdir``).
 
 ``--backend docker`` runs every lifetime in a container of ``bisect-demo-stack:<digest>``, an image
 derived once from the offline ``bisect-base:bookworm`` with the pinned stack inside
@@ -13,14 +14,16 @@ derived once from the offline ``bisect-base:bookworm`` with the pinned stack ins
 from __future__ import annotations
 
 import json
-import re
-import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from bisect_tool.errors import NoAnswer, UsageError
+
+if TYPE_CHECKING:
+    from bisect_tool.demo.history import DemoHistory
 
 
 @click.command("demo")
@@ -28,7 +31,7 @@ from bisect_tool.errors import NoAnswer, UsageError
     "--workdir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Keep the generated repository, cache and state here (default: a temp dir).",
+    help="Keep the generated repository, cache and state here (default: the --out folder).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the report.")
 @click.option(
@@ -37,14 +40,15 @@ from bisect_tool.errors import NoAnswer, UsageError
     default="local",
     show_default=True,
     help="Where lifetimes run: processes here, or containers of a demo image derived from "
-    "bisect-base:bookworm (scripts/docker-up.sh makes it).",
+    "bisect-base:bookworm (make docker-up makes it).",
 )
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
     default=None,
-    help="Write report.md and posterior.png here (default: ./bisect-demo-out, or "
-    "WORKDIR/bisect-demo-out with --workdir); kept after the run.",
+    help="Write report.md and posterior.png here, and without --workdir the history, its "
+    "state and the cache too (default: ./bisect-demo-out, or WORKDIR/bisect-demo-out with "
+    "--workdir); kept after the run.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the history.")
 @click.option("--commits", type=int, default=300, show_default=True)
@@ -59,47 +63,64 @@ def demo_command(
     """Run the whole pipeline on the built-in demo target (no GPU needed)."""
     from bisect_tool.demo.summary import DEFAULT_OUT_DIR
 
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="bisect-demo-") as tmp:
-            found = _run(Path(tmp), as_json, backend, seed, commits, out or DEFAULT_OUT_DIR,
-                         lifetimes_only)
-    else:
-        found = _run(workdir, as_json, backend, seed, commits, out or workdir / DEFAULT_OUT_DIR,
-                     lifetimes_only)
+    if workdir is None:  # kept, so that status, log and report find the session afterwards
+        workdir = out = out or DEFAULT_OUT_DIR
+    found = _run(workdir, as_json, backend, seed, commits, out or workdir / DEFAULT_OUT_DIR,
+                 lifetimes_only)
     if not found:
         # A demo that did not find its own planted fix failed: `make demo` must say so.
-        raise NoAnswer("the demo did not find its planted fix; the report above says what it saw")
+        raise NoAnswer("the demo did not find its planted fix; the report says what it saw")
 
 
 def _run(
     workdir: Path, as_json: bool, backend: str, seed: int, commits: int, out: Path,
     lifetimes_only: bool = False,
 ) -> bool:
-    from bisect_tool import journal as journal_mod
-    from bisect_tool.demo import pinned
+    from bisect_tool.demo import outdir, pinned
     from bisect_tool.demo.history import generate
 
     started = time.monotonic()
-    workdir.mkdir(parents=True, exist_ok=True)
-    repo = workdir / "demo-repo"
-    if repo.exists():
-        raise UsageError(
-            f"{repo} exists; give a new --workdir (the demo generates a fresh history)"
-        )
+    workdir = workdir.absolute()  # the history's generator runs git elsewhere
+    outdir.claim(workdir)  # an earlier demo's history, state and cache here go
+    repo = workdir / outdir.REPO
     history = generate(repo, seed=seed, commits=commits)
     click.echo(
         f"generated {repo} ({commits} commits); planted fix {history.planted_commit[:12]}", err=True
     )
     pinned.ensure_pinned_build()
     image = _demo_image() if backend == "docker" else ""
-    recipe_path = write_recipe(workdir / "demo-recipe.toml", workdir / "cache", image=image)
-    state_dir = workdir / "state"
+    from bisect_tool.demo.wheels import demo_host
+
+    # vLLM's per-commit wheel index for the history, on loopback (main's commits, in the CUDA
+    # variants its pipeline built): each candidate's swap set comes from there, by HTTP range,
+    # or from a source build where the index has none
+    host = demo_host(history, workdir / outdir.WHEELS)
+    with host:
+        return _bisect(history, workdir, as_json, seed, commits, out, lifetimes_only, image,
+                       host.url, started)
+
+
+def _bisect(history: DemoHistory, workdir: Path, as_json: bool, seed: int, commits: int,
+            out: Path, lifetimes_only: bool, image: str, wheel_index: str,
+            started: float) -> bool:
+    from bisect_tool import journal as journal_mod
+    from bisect_tool.demo import outdir
+    from bisect_tool.statedir import STATE_SUBDIR
+
+    repo = history.repo
+    # the recipe on disk is the one to bisect the history by hand (source builds: the wheel
+    # index lives only as long as this demo); the run also reads the index
+    recipe_path = write_recipe(workdir / outdir.RECIPE, workdir / outdir.CACHE, image=image)
+    with_index = write_recipe(workdir / outdir.CACHE / "demo-recipe.run.toml",
+                              workdir / outdir.CACHE, image=image, wheel_index=wheel_index)
+    # where `bisect status`, `log` and `report` look when run inside the clone
+    state_dir = repo / ".git" / STATE_SUBDIR
     from bisect_tool import recipe as recipe_mod
     from bisect_tool import run
-    from bisect_tool.progress import PlainLines
+    from bisect_tool.progress import watching
     from bisect_tool.request import StartRequest
 
-    recipe = recipe_mod.load(str(recipe_path))
+    recipe = recipe_mod.load(str(with_index))
     if lifetimes_only:
         recipe = recipe.override("probe", narrow="")
     request = StartRequest(
@@ -108,13 +129,15 @@ def _run(
         bad=history.bad_tag,
         journal_path=state_dir / journal_mod.JOURNAL_NAME,
         recipe=recipe,
+        # as a maintainer types it inside the clone (the state dir is its .git/bisect-tool)
         command=(
             "bisect", "start", "--good", history.good_tag, "--bad", history.bad_tag,
-            "--recipe", str(recipe_path), "--repo", str(repo), "--state-dir", str(state_dir),
-            *(("--no-narrow",) if lifetimes_only else ()),
+            "--recipe", f"../{outdir.RECIPE}", *(("--no-narrow",) if lifetimes_only else ()),
         ),
     )
-    outcome = run.start(request, PlainLines(lifetimes=False))
+    # a live line on a terminal, plain lines in a log (as `bisect start` shows its progress)
+    with watching(quiet=False, verbose=False) as observer:
+        outcome = run.start(request, observer)
     if not outcome.answered:  # the report below says what was seen
         click.echo(f"bisect: stopped without an answer ({outcome.state}): {outcome.message}",
                    err=True)
@@ -126,7 +149,7 @@ def _run(
     narrow_runs = [o for o in contents.observations if o.get("tier") == "narrow"]
     observations = [o for o in contents.observations if o.get("tier") != "narrow"]
     breakdown = _breakdown(observations, wall)
-    report_path, plot_path, markdown = _write_report(journal_path, out)
+    report_path, plot_path, _ = _write_report(journal_path, out)
     if as_json:
         click.echo(
             json.dumps(
@@ -138,6 +161,8 @@ def _run(
                     "p_estimate": summary.get("p_estimate"),
                     "p_interval": summary.get("p_interval"),
                     "report": str(report_path),
+                    "state_dir": str(state_dir.absolute()),
+                    "recipe": str(recipe_path.absolute()),
                     "plot": str(plot_path) if plot_path else None,
                     "evaluations": len({o["commit"] for o in observations}),
                     "lifetimes": len(observations),
@@ -151,9 +176,9 @@ def _run(
             )
         )
         return summary.get("flip_commit") == history.planted_commit
-    click.echo(markdown)
+    # The report is a file (its path is in the summary), not 175 lines scrolling the summary
+    # away; the summary comes last.
     found = summary.get("flip_commit") == history.planted_commit
-    click.echo(f"\nplanted fix: {history.planted_commit} -> {'found' if found else 'NOT found'}")
     # Summed over lifetimes; with lifetimes in parallel the sum exceeds the wall time, so the
     # rest is only shown when it is what the serial loop spent outside lifetimes.
     rest = (f", search and the rest {breakdown['other_s']:.1f}s" if breakdown["other_s"] >= 0
@@ -175,15 +200,44 @@ def _run(
                 p_estimate=summary.get("p_estimate"),
                 p_interval=(float(interval[0]), float(interval[1])) if interval else None,
                 lifetimes=len(observations),
+                inconclusive=sum(o.get("verdict") not in ("clean", "divergent")
+                                 for o in observations),
                 wall_s=wall,
-                report_path=report_path,
-                plot_path=plot_path,
+                report_path=_shown(report_path),
+                plot_path=_shown(plot_path) if plot_path else None,
                 narrow_runs=len(narrow_runs),
+                history=_shown(repo),
+                recipe=_shown(recipe_path),
+                good=history.good_tag,
+                bad=history.bad_tag,
+                activate=_activate(),
             )
         ),
         nl=False,
     )
     return found
+
+
+def _activate() -> str | None:
+    """The virtualenv's activate script, where `bisect` is not on the reader's PATH (`make demo`
+    runs .venv/bin/bisect; the commands the summary prints say plain `bisect`)."""
+    import shutil
+    import sys
+
+    here = Path(sys.prefix) / "bin"
+    found = shutil.which("bisect")
+    if sys.prefix == sys.base_prefix or (found and Path(found).parent.resolve() == here.resolve()):
+        return None
+    script = here / "activate"
+    return _shown(script) if script.is_file() else None
+
+
+def _shown(path: Path) -> str:
+    """A path as the summary shows it: relative to the current folder when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
 
 
 def _write_report(journal_path: Path, out: Path) -> tuple[Path, Path | None, str]:
@@ -206,7 +260,8 @@ def _write_report(journal_path: Path, out: Path) -> tuple[Path, Path | None, str
 DEMO_RECIPES = ("demo", "demo-python")
 
 
-def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "demo") -> Path:
+def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "demo",
+                 wheel_index: str = "") -> Path:
     """Write the bundled demo recipe ``name`` (one of ``DEMO_RECIPES``), completed for this
     machine, to ``path``; validated.
 
@@ -222,20 +277,32 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "d
 
     if name not in DEMO_RECIPES:
         raise UsageError(f"no demo recipe {name!r}; the demo has {', '.join(DEMO_RECIPES)}")
-    text = recipe_mod.find(name).read_text()
-    text = re.sub(
-        r'(?m)^pinned_package_dir = ""', f'pinned_package_dir = "{pinned.STACK_DIR}"', text
-    )
-    text = re.sub(r"(?m)^\[artifacts\]", f'[artifacts]\ncache_dir = "{cache_dir}"', text, count=1)
+    import tomlkit
+
+    # edited as TOML (tomlkit: the bundled file's comments stay), not as lines of text
+    doc = tomlkit.parse(recipe_mod.find(name).read_text())
+    runtime, artifacts = doc["runtime"], doc["artifacts"]
+    assert isinstance(runtime, dict) and isinstance(artifacts, dict)
+    runtime["pinned_package_dir"] = str(pinned.STACK_DIR)
+    artifacts["cache_dir"] = str(cache_dir)
+    if wheel_index:
+        # the demo's per-commit wheel index first (bisect_tool.demo.wheels), the build after;
+        # its pinned stack stands for a build against CUDA 13.0
+        if list(artifacts.get("sources", [])) != ["source-build"]:
+            raise UsageError(f"the bundled {name} recipe's sources are not [\"source-build\"]")
+        artifacts["sources"] = ["wheel-index", "source-build"]
+        artifacts["wheel_index_url"] = wheel_index
+        artifacts["variant"] = "cu130"
     if image:
-        text, n = re.subn(
-            r'(?m)^backend = "local"', f'backend = "docker"\nimage = "{image}"', text, count=1
-        )
-        if n != 1:
-            raise UsageError(f"the bundled {name} recipe has no [runtime] backend line to switch")
+        if runtime.get("backend") != "local":
+            raise UsageError(f"the bundled {name} recipe has no [runtime] backend to switch")
+        runtime["backend"] = "docker"
+        runtime["image"] = image
         # The recipe's "GPU" ids only bound how many local lifetimes run at once; Docker would
         # ask its (absent) GPU driver for them. Containers run one lifetime at a time.
-        text = re.sub(r"(?m)^gpus = .*$", "gpus = []", text)
+        runtime["gpus"] = []
+    text = tomlkit.dumps(doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     recipe_mod.load(str(path))  # validate before anything starts
     return path

@@ -20,6 +20,7 @@ from typing import Any
 
 from bisect_tool.demo.pinned import STACK_DIR
 from bisect_tool.errors import InfrastructureError
+from bisect_tool.labels import LABEL_IMAGE
 
 BASE_IMAGE = "bisect-base:bookworm"
 IMAGE_REPO = "bisect-demo-stack"
@@ -86,7 +87,7 @@ def docker_client() -> Iterator[Any]:
     except (docker.errors.DockerException, requests.RequestException) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InfrastructureError(
-            f"Docker engine: {first}; start it with scripts/docker-up.sh or use --backend local"
+            f"Docker engine: {first}; start it with make docker-up or use --backend local"
         ) from None
     try:
         yield client
@@ -117,7 +118,7 @@ def ensure_image(
         client.images.get(base)
     except docker.errors.ImageNotFound:
         raise InfrastructureError(
-            f"base image {base} missing; build it with scripts/docker-up.sh"
+            f"base image {base} missing; build it with make docker-up"
         ) from None
     if progress is not None:
         progress(f"building the demo image {tag} from {base} (once; cached by tag)")
@@ -135,14 +136,14 @@ def ensure_image(
                 network_mode="host",
                 rm=True,
                 forcerm=True,
-                labels={IMAGE_LABEL: tag.partition(":")[2]},
+                labels={IMAGE_LABEL: tag.partition(":")[2], LABEL_IMAGE: IMAGE_REPO},
             )
         except docker.errors.BuildError as exc:
             last = [str(c.get("stream", "")).strip() for c in exc.build_log if c.get("stream")]
             why = last[-1] if last else str(exc)
             raise InfrastructureError(
                 f"building {tag} failed ({why}); if numpy could not be installed, rebuild the "
-                f"base image with python3-numpy (docker rmi {base}; scripts/docker-up.sh)"
+                f"base image with python3-numpy (docker rmi {base}; make docker-up)"
             ) from None
         except (docker.errors.APIError, requests.RequestException) as exc:
             raise InfrastructureError(f"Docker engine while building {tag}: {exc}") from None

@@ -24,7 +24,7 @@ from bisect_tool.recipe import SearchSettings
 from bisect_tool.session import State, narrow_kind
 from bisect_tool.strategy import Summary
 from bisect_tool.tiers import NARROW_END_RUNS, Phase, Tier, confirm_sides, disagreement
-from bisect_tool.values import Direction
+from bisect_tool.values import Direction, percent
 from bisect_tool.verdict import EndState
 
 
@@ -108,7 +108,7 @@ def _narrow_step(state: State) -> Decision:
             bad, good = (state.candidates[sides.bad], state.candidates[sides.good])
             return switch(
                 Phase.CONFIRM,
-                f"the {kind} probe put the flip at {flip.label} ({mass:.1%}) in "
+                f"the {kind} probe put the flip at {flip.label} ({percent(mass)}) in "
                 f"{state.runs[Tier.NARROW]} runs; confirming with lifetimes on both sides: "
                 f"{bad.label} (bug expected) and {good.label} (none expected)",
                 bad_side=sides.bad, good_side=sides.good, narrow_flip=flip.sha,

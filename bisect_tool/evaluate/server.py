@@ -129,9 +129,11 @@ class ServerEvaluator(_ArtifactEvaluator):
             result = probe.run(server, is_alive)
             probed = time.monotonic()
             tail = server.log_tail(30)
+            backend = _attention_backend(server)
         waited = waits.get("gpu_wait_s", 0.0)
         detail = {
             **result.detail,
+            **({"attention_backend": backend} if backend else {}),
             "log_tail": tail,
             "lifetime_id": lifetime_id,
             "timing": {
@@ -142,6 +144,18 @@ class ServerEvaluator(_ArtifactEvaluator):
             },
         }
         return ProbeResult(result.verdict, detail, result.message)
+
+
+def _attention_backend(server: ServerHandle) -> str | None:
+    """The attention backend the server's own log says vLLM chose, for the report (the batch
+    invariance of a lifetime depends on it: vllm-facts.md, FLASH_ATTN and TRITON_ATTN)."""
+    from bisect_tool.runtime.common import attention_backend
+
+    try:
+        text = server.log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    return attention_backend(text)
 
 
 class ControlsRunner:

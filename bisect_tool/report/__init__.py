@@ -27,6 +27,7 @@ __all__ = [
     "SearchState",
     "build_locate_report",
     "build_report",
+    "bundled_recipe",
     "plot_posterior",
     "render_json",
     "render_locate_markdown",
@@ -47,7 +48,7 @@ def render_report(
     from bisect_tool.errors import UsageError
 
     contents = journal.read(journal_path)
-    bundled = _bundled(contents)
+    bundled = bundled_recipe(contents)
     # The journal is redacted as it is written; this also covers one written before that.
     if contents.header.get("mode") == "locate":
         located = build_locate_report(contents, bundled)
@@ -102,7 +103,7 @@ def lifetimes_alone(contents: Any) -> float | None:
     return float(replayed.search_state().confidence)
 
 
-def _bundled(contents: object) -> dict[str, object] | None:
+def bundled_recipe(contents: object) -> dict[str, object] | None:
     """The bundled recipe the run's recipe is named after, for the reproduce section's diff."""
     from bisect_tool import recipe as recipe_mod
     from bisect_tool.errors import RecipeError

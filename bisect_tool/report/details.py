@@ -10,9 +10,9 @@ from typing import Any
 
 from bisect_tool.probes.metrics import StepBucket
 from bisect_tool.probes.render import render_op_detail
-from bisect_tool.report.names import pct
 from bisect_tool.report.plot import text_plot
 from bisect_tool.report.text import cell, code, delta, details, esc, fence, plural, ref, table
+from bisect_tool.values import percent
 
 _DAGGER = "†"
 
@@ -50,68 +50,138 @@ def seen_words(side: Mapping[str, Any]) -> str:
     return (", " + ", ".join(bits)) if bits else ""
 
 
+#: where the gate's verdicts are whole: the last part of the report's folded ending
+_WHOLE = 'in "The gate\'s verdicts, whole" at the end'
+#: candidates named in one row or note before "and N more"
+_NAMES_SHOWN = 3
+
+
+def _ran(r: Mapping[str, Any]) -> bool:
+    """A candidate some lifetime ran on (clean, divergent or inconclusive), not only refused."""
+    return bool(r["divergent"] or r["clean"] or r["inconclusive"])
+
+
+def _moved_over(lifetimes: list[Mapping[str, Any]]) -> str:
+    moved = {str(lt.get("moved")) for lt in lifetimes if lt.get("moved")}
+    return next((m for m in ("tokens", "logprobs only", "nothing") if m in moved), "-")
+
+
 def evidence_table(report: Mapping[str, Any], max_rows: int | None = None) -> list[str]:
-    """Every lifetime, one row, grouped by candidate; the candidate's verdict on its first row.
+    """One row per candidate, those that ran first (in range order) and those that could not
+    run after them; then every lifetime, one row each, folded, grouped the same way (issue 41:
+    36 lifetime rows in the demo's report, 11 UNTESTABLE rows before any result in a GPU one).
     The logprob delta only up to the first differing token; an older journal's delta over the
     later positions is left out (``†``, see the notes)."""
     op = report.get("probe_kind") == "op"
-    head = ["Candidate", "Lifetime", "Verdict", "Co-residency reached / target",
-            "Distinct outputs / repeats",
-            "Max abs diff between launch sizes" if op else
-            "Max \\|Δ logprob\\| up to the first differing token",
-            "First position that differs", "First token that differs", "What moved"]
-    tested = {r["index"]: r for r in report["tested"]}
-    seen: set[int] = set()
-    rows: list[list[str]] = []
-    # grouped by candidate (range order), each one's lifetimes in journal order: lifetimes that
-    # ran in parallel interleave in the journal
-    ordered = sorted(report["lifetimes"], key=lifetime_order)
-    for lt in ordered:
-        r = tested.get(lt["index"])
-        if r is None:
+    size_head = ("Max abs diff between launch sizes" if op else
+                 "Max \\|Δ logprob\\| up to the first differing token")
+    tested = list(report["tested"])
+    order = [r for r in tested if _ran(r)] + [r for r in tested if not _ran(r)]
+    by_index: dict[int, list[Mapping[str, Any]]] = {}
+    for lt in sorted(report["lifetimes"], key=lifetime_order):
+        by_index.setdefault(int(lt["index"]), []).append(lt)
+    run = report.get("probe_kind") == "run"
+    width = 3 if run else 7
+    summary = []
+    others = [r for r in order if not _ran(r) and not r["role"]]
+    for r in order:
+        role = f" ({r['role']})" if r["role"] else ""
+        if not _ran(r):
+            if r["role"]:
+                summary.append([f"{ref(r)}{role}", "**UNTESTABLE**", *["-"] * (width - 2)])
+            elif r is others[0]:  # the others that could not run: one row, their causes below
+                first = ", ".join(ref(x) for x in others[:_NAMES_SHOWN])
+                more = f" and {len(others) - _NAMES_SHOWN} more" if len(
+                    others) > _NAMES_SHOWN else ""
+                who = first + more
+                summary.append([who + (f" ({len(others)} candidates)" if len(others) > 1 else ""),
+                                "**UNTESTABLE**", *["-"] * (width - 2)])
             continue
-        who = "″"
-        if lt["index"] not in seen:
-            seen.add(lt["index"])
-            role = f"{r['role']}, " if r["role"] else ""
-            who = f"{ref(r)} ({role}{r['verdict']})"
-        cores = "-" if lt["coresidency"] is None else (
-            f"{lt['coresidency']} / {lt['target']}" if lt.get("target") else str(lt["coresidency"]))
-        distinct = "-" if lt["distinct_outputs"] is None else (
-            f"{lt['distinct_outputs']} / {lt['repeats']}" if lt.get("repeats")
-            else str(lt["distinct_outputs"]))
-        size = delta(lt["max_abs_delta"]) if lt.get("delta_after_divergence") is None else (
-            f"-{_DAGGER}")
-        rows.append([who, code(lt["number"]), f"**{lt['verdict']}**", cores, distinct, size,
-                     cell(lt.get("first_difference")), cell(lt.get("first_token_difference")),
-                     cell(lt.get("moved"))])
-    for u in report["untestable"]:
-        if not u.get("lifetimes"):  # those with lifetimes have their rows above
-            rows.append([code(u["name"]), "-", "**UNTESTABLE**", *["-"] * 6])
+        conclusive = int(r["divergent"]) + int(r["clean"])
+        target = r.get("target_coresidency")
+        cores = "-" if r.get("max_coresidency") is None else (
+            f"{r['max_coresidency']} / {target}" if target else str(r["max_coresidency"]))
+        distinct = "-" if r.get("distinct_outputs") is None else (
+            f"{r['distinct_outputs']} / {r['repeats']}" if r.get("repeats")
+            else str(r["distinct_outputs"]))
+        lifetimes = f"{r['divergent']} of {conclusive}" + (
+            f" (+{r['inconclusive']} inconclusive)" if r["inconclusive"] else "")
+        summary.append([f"{ref(r)}{role}", f"**{r['verdict']}**", lifetimes, cores, distinct,
+                        delta(r.get("max_abs_delta")),
+                        _moved_over(by_index.get(int(r["index"]), []))][:width])
+    for u in report["untestable"]:  # refused before any lifetime: no row of its own above
+        if u["index"] not in {int(r["index"]) for r in tested}:
+            summary.append([code(u["name"]), "**UNTESTABLE**", *["-"] * (width - 2)])
+    noun = "runs" if run or op else "lifetimes"
+    out = table(["Candidate", "Verdict", f"{noun.capitalize()} that showed it",
+                 "Co-residency reached / target", "Distinct outputs / repeats (most)", size_head,
+                 "What moved"][:width], summary)
+    rows: list[list[str]] = []
+    for r in order:
+        for i, lt in enumerate(by_index.get(int(r["index"]), [])):
+            cores = "-" if lt["coresidency"] is None else (
+                f"{lt['coresidency']} / {lt['target']}" if lt.get("target")
+                else str(lt["coresidency"]))
+            distinct = "-" if lt["distinct_outputs"] is None else (
+                f"{lt['distinct_outputs']} / {lt['repeats']}" if lt.get("repeats")
+                else str(lt["distinct_outputs"]))
+            size = delta(lt["max_abs_delta"]) if lt.get("delta_after_divergence") is None else (
+                f"-{_DAGGER}")
+            rows.append([ref(r) if i == 0 else "″", code(lt["number"]), f"**{lt['verdict']}**",
+                         cores, distinct, size, cell(lt.get("first_difference")),
+                         cell(lt.get("first_token_difference")), cell(lt.get("moved"))][
+                             :3 if run else None])
+    if not rows:
+        return out
     shown = rows if max_rows is None else rows[:max_rows]
-    out = table(head, shown)
+    each = table(["Candidate", "Run" if run else "Lifetime", "Verdict",
+                  "Co-residency reached / target", "Distinct outputs / repeats", size_head,
+                  "First position that differs", "First token that differs", "What moved"][
+                      :3 if run else None], shown)
     if len(shown) < len(rows):
-        out += ["", f"and {len(rows) - len(shown)} more lifetimes: every one is in the JSON "
-                "report (`bisect report --format json`)."]
-    return out
+        each += ["", f"and {len(rows) - len(shown)} more lifetimes: every one is in the JSON "
+                 "report (`bisect report --format json`)."]
+    noun = "run" if op or run else "lifetime"
+    ran = sum(1 for r in order if by_index.get(int(r["index"])))
+    return [*out, "", *details(f"Each {noun} ({plural(len(rows), noun)} of "
+                                f"{plural(ran, 'candidate')}, grouped the same way)", each)]
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(code(n) for n in names[:_NAMES_SHOWN])
+    return shown + (f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN
+                    else "")
 
 
 def evidence_notes(report: Mapping[str, Any]) -> list[str]:
-    """Why candidates and lifetimes could not run (one line each, with the log to read), and
+    """Why candidates and lifetimes could not run, one line a cause with how many it stopped
+    (issue 41: one cause listed 115 times), the gate's refusals with the ops they name (four,
+    then the count: every one is in the folded verdicts) and which ops the gate compared, and
     what a ``†`` in the delta column means."""
     notes = []
-    listed = set()
-    for u in report["untestable"]:
-        listed.add(u["sha"])
-        where = f" (the whole log: `logs/{u['log']}.log` in the state dir)" if u.get("log") else ""
-        notes.append(f"- {code(u['name'])} could not run: "
-                     f"{esc(u['message'] or 'no reason recorded')}{where}")
+    refused = False
+    for group in report.get("causes") or []:
+        names = group["names"]
+        count = f"{len(names)} candidates ({_names(names)})" if len(names) > 1 else code(names[0])
+        gate = group.get("gate")
+        if gate:
+            refused = True
+            notes.append(f"- {count} could not run: the pinned stack's gate refused "
+                         f"{'their' if len(names) > 1 else 'its'} {code(gate['file'] or '')}: "
+                         f"{_gate_words(gate, _OPS_IN_CELL, _WHOLE)}.")
+            continue
+        log = group.get("log")
+        where = f" (the whole log: `logs/{log}.log` in the state dir)" if log else ""
+        notes.append(f"- {count} could not run: {esc(group['cause'])}{where}")
+    listed = {u["sha"] for u in report["untestable"]}
     for lt in report["lifetimes"]:
         if lt["verdict"] == "UNTESTABLE" and lt["sha"] not in listed:
             where = (f" (the whole log: `logs/{lt['lifetime_id']}.log` in the state dir)"
                      if lt.get("has_log") else "")
             notes.append(f"- {code(lt['name'])} {lt['number']} could not run: "
                          f"{esc(lt['cause'] or 'no reason recorded')}{where}")
+    if refused and not report.get("tiers"):  # the op check's section says it otherwise
+        notes.append(f"- {gate_compared(report)}")
     late = [lt for lt in report["lifetimes"] if lt.get("delta_after_divergence") is not None]
     if late:
         which = ", ".join(f"{lt['name']} {lt['number']}: {delta(lt['delta_after_divergence'])}"
@@ -124,17 +194,32 @@ def evidence_notes(report: Mapping[str, Any]) -> list[str]:
     return notes
 
 
+def gate_compared(report: Mapping[str, Any]) -> str:
+    """Which ops the pinned stack's gate compared: the recipe's ``gate_ops``, else every op
+    the pinned file registers."""
+    recipe = report.get("recipe") or {}
+    compared = recipe.get("gate_ops")
+    files = ", ".join(code(PurePosixPath(f).name) for f in recipe.get("swap_set") or []) or (
+        "extension")
+    what = (f"the ops in `[runtime] gate_ops` ({', '.join(code(o) for o in compared)})"
+            if compared else f"every op the pinned {files} registers")
+    return f"The pinned stack's gate compared {what}."
+
+
 #: rejected ops named in the op check's table cell; a longer list follows the table whole (0.22.0
 #: under 0.26.0's stack lacks 56 ops: a 2,700-character cell on the H100, 2026-12-07)
 _OPS_IN_CELL = 4
 
 
-def _gate_words(g: Mapping[str, Any], limit: int | None = None) -> str:
+def _gate_words(g: Mapping[str, Any], limit: int | None = None,
+                where: str = "under the table") -> str:
+    """The ops a gate's refusal names, whole (never cut mid-name): at most ``limit``, then how
+    many more and ``where`` every one is."""
     named = list(g["ops"])
     shown = named if limit is None or len(named) <= limit else named[:limit]
     ops = ", ".join(code(o) for o in shown) or "its extension"
     if len(shown) < len(named):
-        ops += f" and {len(named) - len(shown)} more (every one under the table)"
+        ops += f" and {len(named) - len(shown)} more (every one {where})"
     if g["unnamed"]:
         ops += f" and {g['unnamed']} more this run did not name"
     return ops
@@ -150,7 +235,7 @@ def narrowing_section(report: Mapping[str, Any]) -> list[str]:
     story = (f"Before any server lifetime, the op check ran on each candidate's {files} "
              f"({esc(t['what_ran'])}): {plural(int(t['runs'] or 0), 'run')} on "
              f"{plural(int(t['candidates']), noun)} put the flip at {code(t['flip'])} "
-             f"({pct(t['confidence'])}).")
+             f"({percent(t['confidence'])}).")
     sides = t.get("sides")
     if sides:
         b, g = sides["bad"], sides["good"]
@@ -210,9 +295,24 @@ def run_and_recipe(what: str, r: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def tool_source(report: Mapping[str, Any]) -> str:
+    """Where to get the bisect that ran: the commit its version names (``0.1.0+g16fe12e``), or
+    the version alone where it names none."""
+    version = str(report.get("tool_version") or "")
+    base, _, local = version.partition("+g")
+    if local:
+        return (f"The tool: bisect {esc(version)}, the `bisect-tool` package at commit "
+                f"{code(local)} of its repository (in a clone of it: `git checkout {local} && "
+                "pip install .`).")
+    if version and version != "0+unknown":
+        return (f"The tool: bisect {esc(version)} (`bisect-tool` {esc(base)}; this run recorded "
+                "no commit of it).")
+    return "The tool: this run did not record its bisect's version."
+
+
 def _reproduce(report: Mapping[str, Any]) -> list[str]:
     r = report["reproduce"]
-    lines = ["#### Reproduce", ""]
+    lines = ["#### Reproduce", "", tool_source(report), ""]
     lines += run_and_recipe("The bisect", r)
     w = r.get("weights")
     if w:
@@ -220,21 +320,24 @@ def _reproduce(report: Mapping[str, Any]) -> list[str]:
                 f"{w['torch']}" if w.get("transformers") else
                 "this run did not record the transformers and torch that made its checkpoint; "
                 "the same versions give the same weights")
+        check = [f'echo "{digest}  {w["dir"]}/{name}" | sha256sum -c'
+                 for name, digest in sorted((w.get("files") or {}).items())]
         lines += [f"The weights: a random checkpoint shaped by the bundled {code(w['config'])}, "
-                  f"not the published ones ({made}):", "", fence(w["command"], "sh"), ""]
+                  f"not the published ones ({made}"
+                  + ("; the sha256 of this run's checkpoint checks the one made again" if check
+                     else "; this run did not record its checkpoint's sha256") + "):", "",
+                  fence("\n".join([w["command"], *check]), "sh"), ""]
     pinned = r.get("pinned")
     if r.get("swap") and pinned:
-        package, version = pinned["package"], pinned["version"]
-        site = (f"SITE=$(python -c 'import importlib.util, os; print(os.path.dirname(os.path."
-                f"dirname(importlib.util.find_spec(\"{package}\").origin)))')")
-        body = [f"pip install {package}=={version}", site]
+        body = list(pinned.get("stack") or [])
         for s in r["swap"]:
             seen = f" (here it {s['seen']})" if s["seen"] == "showed the bug" else (
                 " (here it was clean)" if s["seen"] else "")
             body += [f"# {s['name']}{seen}: its file into the pinned install, then one lifetime "
                      "(below)", *s["lines"]]
-        lines += [f"The pinned Python side ({pinned['name']}), and each end's compiled file "
-                  "swapped into it as a lifetime does:", "", fence("\n".join(body), "sh"), ""]
+        lines += [f"The pinned stack as this run had it ({pinned['name']}'s Python side with the "
+                  "versions it recorded), and each end's compiled file swapped into it as a "
+                  "lifetime does:", "", fence("\n".join(body), "sh"), ""]
     one = r.get("lifetime")
     if one:
         lines += ["One lifetime by hand (the server as a lifetime starts it, then the probe "
@@ -280,10 +383,23 @@ def _each_lifetime(report: Mapping[str, Any]) -> list[str]:
         lines += [*_lifetimes_table(report), ""]
         # lifetimes of another probe in a server run's journal (none in a real run): as text
         others = [lt for lt in others if "mode" not in lt["detail"] and lt["log_tail"]]
+    # lifetimes that said the same thing, once, with every one named (issue 41: a run whose
+    # every commit was skipped printed one output 115 times)
+    alike: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for lt in others:
-        lines += [f"**{code(lt['name'])} {lt['number']}**: {lt['verdict']}"]
-        if lt["message"]:
-            lines += ["", esc(lt["cause"] or lt["message"])]
+        text = (render_op_detail(lt["detail"]) if lt["detail"].get("groups") is not None
+                else "")
+        key = (str(lt["verdict"]), str(lt["cause"] or lt["message"]), text + lt["log_tail"])
+        alike.setdefault(key, []).append(lt)
+    for (verdict, said, _), group in alike.items():
+        lt = group[0]
+        named = [f"{x['name']} {x['number']}" for x in group]
+        who = (f"{code(lt['name'])} {lt['number']}" if len(group) == 1 else
+               f"{len(group)} {'runs' if kind != 'server' else 'lifetimes'} "
+               f"({_names(named)})")
+        lines += [f"**{who}**: {verdict}"]
+        if said:
+            lines += ["", esc(said)]
         if lt["detail"].get("groups") is not None:
             lines += ["", render_op_detail(lt["detail"])]
         if lt["log_tail"]:
@@ -293,7 +409,10 @@ def _each_lifetime(report: Mapping[str, Any]) -> list[str]:
 
 
 def _gates(report: Mapping[str, Any]) -> list[str]:
-    rejected = (report.get("tiers") or {}).get("gate_rejected") or []
+    rejected = list((report.get("tiers") or {}).get("gate_rejected") or [])
+    if not rejected:
+        rejected = [{"name": ", ".join(g["names"]), "message": g["gate"]["message"]}
+                    for g in report.get("causes") or [] if g.get("gate")]
     if not rejected:
         return []
     text = "\n".join(f"{g['name']}: {g['message']}" for g in rejected)
@@ -323,10 +442,10 @@ def closing(report: Mapping[str, Any], plot: Path | str | None, *, full: bool) -
         body += ["Every lifetime in detail is in the JSON report (`bisect report --format json`;"
                  " attach it): this report leaves it out to stay under GitHub's 65,536 "
                  "characters.", ""]
-    body.append(f"<sub>session {esc(report.get('session') or '?')}</sub>")
+    # the session id is the JSON's: a pasted report names nothing of the machine that ran it
     summary = (f"Reproduce{', and every lifetime in detail' if full else ''} "
                f"({version_words(report)})")
     return details(summary, body)
 
 
-__all__ = ["closing", "evidence_notes", "evidence_table", "narrowing_section"]
+__all__ = ["closing", "evidence_notes", "evidence_table", "narrowing_section", "tool_source"]

@@ -4,12 +4,14 @@ install, the dependency versions, the workload's size and jitter). Pure."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
 from bisect_tool.journal import JournalContents
 from bisect_tool.report.names import no_local_paths
+from bisect_tool.report.text import esc
 
 _ORDER = ("gpu", "gpus", "driver", "cuda", "torch", "vllm", "pinned", "pinned_stack", "image",
           "python", "platform", "host", "hostname")
@@ -49,7 +51,57 @@ def merged(contents: JournalContents) -> dict[str, Any]:
 def _recorded_all(env: Mapping[str, Any]) -> bool:
     """The environment entry is of a tool that asks for every package it lists (FlashInfer
     absent there means not installed, not unknown)."""
-    return "missing_extensions" in env
+    return "missing_extensions" in env or any(k.startswith("compiled_files.") for k in env)
+
+
+NOT_CHECKED = "not checked"
+
+
+def compiled_files(env: Mapping[str, Any]) -> tuple[list[str] | None, str]:
+    """(the pinned package's compiled files missing from its install, or None where that was not
+    checked; the words saying so). Checked against the wheel's own file list (its RECORD); a run
+    before that check recorded an empty list also where it had no list to check against (issue
+    41: "none" where deep_gemm, _moe_C, FA2, flashmla and qutlass were absent), so an empty list
+    of such a run is "not checked", and only a list it did find is believed."""
+    if "compiled_files.against" in env:
+        missing = [m for m in str(env.get("compiled_files.missing") or "").split(", ") if m]
+        listed = env.get("compiled_files.listed")
+        against = f"{env['compiled_files.against']}, the wheel's file list"
+        if missing:
+            return missing, f"{', '.join(missing)} (of the {listed} in {against})"
+        return [], f"none of the {listed} in {against}"
+    if "compiled_files.not_checked" in env:
+        return None, f"{NOT_CHECKED}: {env['compiled_files.not_checked']}"
+    old = env.get("missing_extensions")
+    if old:
+        return [m for m in str(old).split(", ") if m], str(old)
+    if "missing_extensions" in env:
+        return None, (f"{NOT_CHECKED}: this run's tool could not tell an install without the "
+                      "wheel's file list from one missing nothing")
+    return None, NOT_RECORDED
+
+
+def attention_words(lifetimes: Sequence[Mapping[str, Any]]) -> str | None:
+    """The attention backend vLLM chose in each lifetime (from its server log), in a few words:
+    "FLASH_ATTN in all 10 lifetimes", or each backend with the candidates it ran under."""
+    seen: dict[str, list[str]] = {}
+    servers = 0
+    for lt in lifetimes:
+        detail = lt.get("detail") or {}
+        if "mode" not in detail:  # not a server lifetime (an op run, a gate's refusal)
+            continue
+        servers += 1
+        backend = detail.get("attention_backend")
+        if backend:
+            seen.setdefault(str(backend), []).append(str(lt.get("name")))
+    if not seen:
+        return None
+    if len(seen) == 1:
+        backend, names = next(iter(seen.items()))
+        return (f"{backend} in all {servers} lifetimes" if len(names) == servers else
+                f"{backend} in {len(names)} of {servers} lifetimes (the others' logs name none)")
+    return "; ".join(f"{b} ({', '.join(sorted(set(n)))}: {len(n)} lifetimes)"
+                     for b, n in sorted(seen.items()))
 
 
 def _version(env: Mapping[str, Any], key: str) -> str:
@@ -74,7 +126,8 @@ def weights_words(recipe: Mapping[str, Any], env: Mapping[str, Any]) -> str:
 
 
 def block(env: Mapping[str, Any], recipe: Mapping[str, Any],
-          tested: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+          tested: Sequence[Mapping[str, Any]],
+          lifetimes: Sequence[Mapping[str, Any]] = ()) -> list[tuple[str, str]]:
     """(what, value) rows of the environment block, in the order a maintainer reads them."""
     rows: list[tuple[str, str]] = []
     if env.get("gpu"):
@@ -88,10 +141,14 @@ def block(env: Mapping[str, Any], recipe: Mapping[str, Any],
     package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
     if env.get("pinned_version"):
         rows.append((f"{package} (the pinned Python side)", str(env["pinned_version"])))
-    missing = env.get("missing_extensions")
-    if missing:
-        rows.append((f"Compiled files of {package} its install lacks", str(missing)))
     runtime = recipe.get("runtime") or {}
+    vllm_server = str(runtime.get("server_module") or "").startswith("vllm")
+    if vllm_server or _recorded_all(env):
+        rows.append((f"Compiled files of {package} missing from the pinned install",
+                     compiled_files(env)[1]))
+    if vllm_server:
+        rows.append(("Attention backend (vLLM's choice, from the server log)",
+                     attention_words(lifetimes) or NOT_RECORDED))
     backend = env.get("backend") or runtime.get("backend")
     if backend:
         rows.append(("Backend", str(backend) + (f", image {env['image']}" if env.get("image")
@@ -102,6 +159,59 @@ def block(env: Mapping[str, Any], recipe: Mapping[str, Any],
         for rel, digest in sorted((r.get("swap_sha256") or {}).items()):
             rows.append((f"{PurePosixPath(rel).name} of {r['name']}", f"sha256 {digest}"))
     return rows
+
+
+def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = json.dumps(value, sort_keys=True, default=list)
+
+
+def reported_setup(recipe: Mapping[str, Any], bundled: Mapping[str, Any] | None
+                   ) -> tuple[Mapping[str, Any] | None, list[tuple[str, str, str]]]:
+    """(what the issue reported, where the run's recipe says otherwise).
+
+    What the issue reported is read from the bundled recipe the run's is named after, not from
+    the run's copy: a copy is edited for a machine, and an edit can reach ``[reported]`` too
+    (issue 41: the H100 script's sed set ``VLLM_USE_FLASHINFER_SAMPLER=0`` in ``[runtime.env]``
+    and ``[reported.env]`` alike, so the one setting #51187's thread argued about was no
+    difference). A recipe of its own (no bundled one of its name) says it itself. The second
+    value lists each ``[reported]`` key the run's copy changed, as (key, bundled, run's), for the
+    report to flag."""
+    mine = recipe.get("reported") or None
+    theirs = (bundled or {}).get("reported") or None
+    if not theirs:
+        return mine, []
+    if not mine:
+        return theirs, []
+    a: dict[str, str] = {}
+    b: dict[str, str] = {}
+    _flat("", theirs, a)
+    _flat("", mine, b)
+    changed = [(key, a.get(key, "unset"), b.get(key, "unset"))
+               for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
+    return theirs, changed
+
+
+def reported_warning(diff: Mapping[str, Any] | None) -> list[str]:
+    """A GitHub alert, as Markdown lines, naming each ``[reported]`` value the run's recipe
+    changed (none when it changed nothing)."""
+    changed = (diff or {}).get("reported_changed") or []
+    if not changed:
+        return []
+
+    def shown(value: str) -> str:
+        return "unset" if value == "unset" else f"`{json.loads(value)}`"
+
+    what = "; ".join(f"`{key}` is {shown(run)} there, {shown(bundled)} as reported"
+                     for key, bundled, run in changed)
+    issue = str((diff or {}).get("issue") or "the issue")
+    return ["> [!WARNING]",
+            f"> This run's recipe changes what {esc(issue)} reported (its `[reported]` table): "
+            f"{what}. The differences below are against the bundled recipe's, which is what "
+            "the issue reported.", ""]
 
 
 def _options(args: Sequence[str]) -> dict[str, str]:
@@ -159,13 +269,14 @@ def differences(env: Mapping[str, Any], recipe: Mapping[str, Any],
     if jitter != float(reported.get("jitter_ms") or 0.0):
         rows.append(("Arrival of requests",
                      _arrival(float(reported.get("jitter_ms") or 0.0)), _arrival(jitter)))
-    missing = env.get("missing_extensions")
     package = str((recipe.get("artifacts") or {}).get("package") or "vllm")
+    missing, words = compiled_files(env)
     if missing:
         rows.append((f"Compiled files of {package}", "all of the wheel's",
-                     f"without {missing}"))
-    elif not _recorded_all(env):
-        rows.append((f"Compiled files of {package}", "all of the wheel's", NOT_RECORDED))
+                     f"without {', '.join(missing)}"))
+    elif missing is None:
+        rows.append((f"Compiled files of {package}", "all of the wheel's",
+                     NOT_RECORDED if words == NOT_RECORDED else NOT_CHECKED))
     return {"issue": reported.get("issue") or "the issue", "rows": rows,
             "workload": reported.get("workload") or None}
 
@@ -192,7 +303,7 @@ def short_list(diff: Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
             label = f"{_VERSION_LABELS[label]} version"
         else:
             label = label[0].lower() + label[1:] if label[:2] != "GP" else label
-        (unknown if here == NOT_RECORDED else out).append(label)
+        (unknown if here in (NOT_RECORDED, NOT_CHECKED) else out).append(label)
     return out, unknown
 
 

@@ -33,6 +33,13 @@ def why(message: str, commits: Sequence[Mapping[str, Any]]) -> str:
     return no_local_paths(rename(re.sub(r"^lifetime \S+: ", "", one_line(message)), commits))
 
 
+def _whole(message: str, commits: Sequence[Mapping[str, Any]]) -> str:
+    """A message's own first line whole (a gate's verdict names every op: ``why`` cuts at 400
+    characters, and cut a name in half), candidates spelled as the report spells them."""
+    first = str(message or "").strip().partition("\n")[0]
+    return no_local_paths(rename(re.sub(r"^lifetime \S+: ", "", first), commits))
+
+
 def quiet_log(text: str) -> str:
     """A log tail without HTTP access-log lines (the engine's config lines and errors stay)."""
     return "\n".join(line for line in text.splitlines() if not _ACCESS_LOG.search(line))
@@ -101,7 +108,7 @@ def lifetimes(contents: JournalContents, commits: Sequence[Mapping[str, Any]]
             "has_log": "log tail" in str(obs.get("message") or ""),
             "duration_s": obs.get("duration_s"),
             "detail": dict(detail),
-            "log_tail": quiet_log(str(detail.get("log_tail") or "")),
+            "log_tail": no_local_paths(quiet_log(str(detail.get("log_tail") or ""))),
             "coresidency": detail.get("max_coresidency"),
             "target": detail.get("target_coresidency"),
             "distinct_outputs": detail.get("distinct_outputs"),
@@ -206,7 +213,8 @@ def untestables(contents: JournalContents, commits: Sequence[Mapping[str, Any]]
         sha = str(entry.get("commit", ""))
         out.append({"sha": sha, "short": short_ref(sha), "index": index,
                     "name": name(commits[index]) if index >= 0 else short_ref(sha),
-                    "message": why(str(entry.get("message") or ""), commits)})
+                    "message": why(str(entry.get("message") or ""), commits),
+                    "full": _whole(str(entry.get("message") or ""), commits)})
     listed = {u["sha"] for u in out}
     by_index: dict[int, list[Mapping[str, Any]]] = {}
     for obs in contents.observations:
@@ -220,7 +228,7 @@ def untestables(contents: JournalContents, commits: Sequence[Mapping[str, Any]]
         last = str(seen[-1].get("message") or "")
         out.append({"sha": sha, "short": short_ref(sha), "index": index,
                     "name": name(commits[index]), "message": why(last, commits),
-                    "lifetimes": len(seen),
+                    "full": _whole(last, commits), "lifetimes": len(seen),
                     # the lifetime whose whole log says more (a server's, not the gate's)
                     "log": seen[-1].get("lifetime_id") if "log tail" in last else None})
     return out

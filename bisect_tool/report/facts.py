@@ -22,7 +22,14 @@ from typing import Any
 
 from bisect_tool.errors import StateError
 from bisect_tool.journal import JournalContents
-from bisect_tool.report import confidence, environment, evidence, narrowing, reproduce
+from bisect_tool.report import (
+    causes,
+    confidence,
+    environment,
+    evidence,
+    narrowing,
+    reproduce,
+)
 from bisect_tool.report.controls import controls as controls_facts
 from bisect_tool.report.names import (
     FULL_SHA,
@@ -123,11 +130,15 @@ def build_report(
         "end_message": rename(_end_message(everything.end) or "", commits) or None,
     }
     rates = _rates(answer, tested, bad_end)
+    lifetimes = evidence.lifetimes(contents, commits)
+    untestable = evidence.untestables(contents, commits)
     pinned = env.get("pinned_version")
     python_side = _python_side(pinned, recipe, rng)
     controls = controls_facts(everything, commits, recipe, python_side)
-    reported = recipe.get("reported") or (bundled_recipe or {}).get("reported")
+    reported, reported_changed = environment.reported_setup(recipe, bundled_recipe)
     differences = environment.differences(env, recipe, reported)
+    if differences is not None:
+        differences["reported_changed"] = reported_changed
     weights = reproduce.weights(recipe, env)
     flip_pair = _flip_pair(answer, tested)
     command = reproduce.command(header.get("command"), recipe, bundled_recipe)
@@ -151,16 +162,17 @@ def build_report(
         "range": rng,
         "prs": _prs(commits, rng, repo_url),
         "environment": env,
-        "environment_block": environment.block(env, recipe, tested),
+        "environment_block": environment.block(env, recipe, tested, lifetimes),
         "differences": differences,
         "recipe": _recipe_summary(recipe),
         "probe_kind": "run" if header.get("run_command") else str(
             (recipe.get("probe") or {}).get("kind", "server")),
         "controls": controls,
         "tested": tested,
-        "lifetimes": evidence.lifetimes(contents, commits),
+        "lifetimes": lifetimes,
         "symptom": _symptom(recipe, bundled_recipe, tested, bad_end),
-        "untestable": evidence.untestables(contents, commits),
+        "untestable": untestable,
+        "causes": causes.groups(untestable),
         "posterior": [num(x) or 0.0 for x in state.posterior],
         "show_plot": len(commits) >= PLOT_MIN_CANDIDATES,
         "rates": rates,
@@ -172,7 +184,8 @@ def build_report(
             "recipe_name": recipe.get("name"),
             "changes": [] if demo else reproduce.changes(recipe, bundled_recipe)[0],
             "left_out": [] if demo else reproduce.changes(recipe, bundled_recipe)[1],
-            "pinned": ({"package": package, "version": pinned, "name": python_side}
+            "pinned": ({"package": package, "version": pinned, "name": python_side,
+                        "stack": reproduce.stack(package, str(pinned), env)}
                        if pinned else None),
             "weights": weights,
             "swap": reproduce.swap(recipe, flip_pair, repo_url),
@@ -456,6 +469,7 @@ def _recipe_summary(recipe: Mapping[str, Any]) -> dict[str, Any]:
         "env": dict(runtime.get("env") or {}),
         "server_args": list(runtime.get("server_args") or []),
         "swap_set": list(artifacts.get("swap_set") or []),
+        "gate_ops": list(runtime.get("gate_ops") or []),
         "paths": list((recipe.get("range") or {}).get("paths") or []),
         "probe": {"kind": kind, **{k: probe[k] for k in keys if k in probe}},
         "confidence": (recipe.get("search") or {}).get("confidence"),

@@ -24,10 +24,12 @@ from bisect_tool.report.details import (
     lifetime_order,
     run_and_recipe,
     seen_words,
+    tool_source,
     version_words,
 )
-from bisect_tool.report.names import commit_entry, name, pct
+from bisect_tool.report.names import commit_entry, name
 from bisect_tool.report.text import code, details, esc, plural, table
+from bisect_tool.values import percent
 
 _SHORT = {  # each explanation in a few words, for the first line
     Explanation.COMPILED: "the compiled side carries the change",
@@ -119,7 +121,10 @@ def build_locate_report(contents: JournalContents,
     for lt in lifetimes:
         lt["cell"] = names.get(cell_of.get(str(lt["lifetime_id"]), ""), "?")
     recipe_arg = reproduce.recipe_arg(recipe, bundled_recipe)
-    reported = recipe.get("reported") or (bundled_recipe or {}).get("reported")
+    reported, reported_changed = environment.reported_setup(recipe, bundled_recipe)
+    differences = environment.differences(env, recipe, reported)
+    if differences is not None:
+        differences["reported_changed"] = reported_changed
     return {
         "kind": "locate",
         "session": header.get("session"),
@@ -143,10 +148,10 @@ def build_locate_report(contents: JournalContents,
         "next": _next(finding, header, good, bad, recipe_arg, cells),
         "controls": controls_facts(contents, commits, recipe, good),
         "environment": env,
-        "environment_block": environment.block(env, recipe, []),
+        "environment_block": environment.block(env, recipe, [], lifetimes),
         "held_fixed": _held_fixed(env),
         "python_dirs": bool(header.get("python_dirs")),
-        "differences": environment.differences(env, recipe, reported),
+        "differences": differences,
         "reproduce": {
             "command": reproduce.command(header.get("command"), recipe, bundled_recipe),
             "recipe_file": recipe_arg, "recipe_name": recipe.get("name"),
@@ -178,16 +183,16 @@ def _first_line(r: Mapping[str, Any]) -> list[str]:
         return f"{c['name']} diverged in {c['divergent']} of {plural(c['lifetimes'], 'lifetime')}"
 
     if not f["decided"]:
-        return [f"**Not decided**: {f['words']} at {pct(f['probability'])}, below the "
-                f"{pct(f['stop_at'])} the run stops at. {said(bg)}; {said(gb)}."]
-    return [f"**{f['words'][0].upper()}{f['words'][1:]}** — **{pct(f['probability'])}**. "
+        return [f"**Not decided**: {f['words']} at {percent(f['probability'])}, below the "
+                f"{percent(f['stop_at'])} the run stops at. {said(bg)}; {said(gb)}."]
+    return [f"**{f['words'][0].upper()}{f['words'][1:]}** — **{percent(f['probability'])}**. "
             f"{said(bg)}; {said(gb)}."]
 
 
 def render_locate_markdown(r: Mapping[str, Any]) -> str:
     f = r["finding"]
-    title = (f"## Locate: {f['words']} ({pct(f['probability'])})" if f["decided"] else
-             f"## Locate: not decided ({f['words']}: {pct(f['probability'])})")
+    title = (f"## Locate: {f['words']} ({percent(f['probability'])})" if f["decided"] else
+             f"## Locate: not decided ({f['words']}: {percent(f['probability'])})")
     lines = [title, "", *_first_line(r), ""]
     level = "releases" if r["level"] == "release" else "commits"
     files = ", ".join(code(x) for x in r["files"])
@@ -201,9 +206,10 @@ def render_locate_markdown(r: Mapping[str, Any]) -> str:
     if diff and (known or unknown):
         lines.append(f"- Not as reported in {esc(diff['issue'])}: "
                      f"{', '.join(known) or 'nothing known'}"
-                     + (f"; not recorded by this run: {', '.join(unknown)}" if unknown else "")
+                     + (f"; not recorded or not checked by this run: {', '.join(unknown)}"
+                        if unknown else "")
                      + " (see Environment)")
-    lines += ["", "### Cells", ""]
+    lines += ["", *environment.reported_warning(diff), "### Cells", ""]
     rows = []
     for c in r["cells"]:
         rows.append([c["name"], code(c["python"]), code(c["compiled"]), str(c["lifetimes"]),
@@ -221,10 +227,11 @@ def render_locate_markdown(r: Mapping[str, Any]) -> str:
                   "what they held besides each release's own package is not recorded by this "
                   "run."]
     lines += ["", "### How sure", ""]
-    post = [[esc(MEANING[Explanation(k)]), pct(v)] for k, v in f["posterior"].items()]
+    post = [[esc(MEANING[Explanation(k)]), percent(v)] for k, v in f["posterior"].items()]
     lines += table(["Explanation", "Posterior"], post, "lr")
-    lines += ["", f"Asked {pct(f['asked'])}; the run stops at {pct(f['stop_at'])}. Each cell's "
-              "lifetimes are scored with the bisect's own model (p and q integrated out)."]
+    lines += ["", f"Asked {percent(f['asked'])}; the run stops at {percent(f['stop_at'])}. "
+              "Each cell's lifetimes are scored with the bisect's own model (p and q integrated "
+              "out)."]
     if f["tied"]:
         lines[-1] += (f" The cells that ran cannot tell it apart from: "
                       f"{', '.join(esc(t) for t in f['tied'])}.")
@@ -281,8 +288,8 @@ def render_locate_markdown(r: Mapping[str, Any]) -> str:
                        [[w if w.startswith("`") else esc(w), esc(a), esc(b)]
                         for w, a, b in diff["rows"]])
     rp = r["reproduce"]
-    body = run_and_recipe("The locate", rp)
-    body.append(f"<sub>session {esc(r.get('session') or '?')}</sub>")
+    # the session id is the JSON's: a pasted report names nothing of the machine that ran it
+    body = [tool_source(r), "", *run_and_recipe("The locate", rp)]
     lines += ["", *details(f"Reproduce ({version_words(r)})", body)]
     return "\n".join(lines).rstrip() + "\n"
 

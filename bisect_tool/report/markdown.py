@@ -15,20 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.cause import one_line
+from bisect_tool.report import causes
 from bisect_tool.report import details as details_mod
-from bisect_tool.report.environment import short_list
-from bisect_tool.report.names import pct, short_ref
+from bisect_tool.report.environment import reported_warning, short_list
+from bisect_tool.report.names import short_ref
 from bisect_tool.report.text import cell, code, esc, plural, ref, table
+from bisect_tool.values import percent, rate_text
 
 #: GitHub refuses a comment over 65,536 characters; the margin leaves room for a line or two
 CAP = 60_000
 _CREDIBLE_SHOWN = 8  # credible-set commits listed inline in a one-liner before "and N more"
 #: evidence rows kept when even the table alone would pass the cap
 _ROWS_WHEN_CAPPED = 150
-
-
-def _f2(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
 
 
 def _label(report: Mapping[str, Any]) -> str:
@@ -82,7 +80,7 @@ def _answer_line(report: Mapping[str, Any]) -> list[str]:
     a = report["answer"]
     label = _label(report)
     block = a["flip_block"]
-    conf = pct(a["confidence"])
+    conf = percent(a["confidence"])
     claim = f"**{conf}** that this is the {label.lower()} and both ends behave as given"
     if len(block) == 1:
         return [f"**{label}**: {_flip_words(block[0])} — {claim}.{_seen_sentence(report)}"]
@@ -113,6 +111,16 @@ def _state_lines(report: Mapping[str, Any]) -> list[str]:
         problem = (report.get("controls") or {}).get("problem") or "a control did not hold"
         return [f"**Controls failed**: {esc(problem.rstrip('.'))}. CLEAN results are not "
                 f"trusted, so no {a['noun']} is named."]
+    only = causes.only_cause(report.get("causes") or [], _ran(report))
+    if only is not None and state in ("end_untestable", "no_candidate_left"):
+        # every candidate tried stopped on one cause: not the ends' fault (issue 41)
+        count = len(only["names"])
+        what = (f"the pinned stack's gate refused their {code(only['gate']['file'] or '')}"
+                if only.get("gate") else esc(only["cause"]))
+        return [f"**Nothing could run**: {'all ' if count > 1 else ''}"
+                f"{plural(count, 'candidate')} tried stopped on one cause, {what}, so no "
+                f"{a['noun']} is named and other ends would not help. Next: "
+                f"{esc(only['advice'])}."]
     if state == "end_untestable":
         return [f"**An end is untestable**{reason}."]
     words = {"budget_exhausted": "Inconclusive: budget exhausted",
@@ -122,24 +130,29 @@ def _state_lines(report: Mapping[str, Any]) -> list[str]:
             f"{credible}. Best guess so far:", "", *_answer_line(report)]
 
 
+def _ran(report: Mapping[str, Any]) -> int:
+    """How many candidates a lifetime (or run) said something of."""
+    return sum(1 for r in report["tested"] if r["divergent"] or r["clean"])
+
+
 def _how_sure_line(report: Mapping[str, Any]) -> str | None:
     s = report["how_sure"]
     if report["answer"]["state"] != "done" or s["confidence"] is None:
         return None
     if s["tiered"]:
-        line = (f"{pct(s['lifetimes_alone'])} from the server lifetimes alone, "
-                f"{pct(s['confidence'])} with the op check's narrowing")
+        line = (f"{percent(s['lifetimes_alone'])} from the server lifetimes alone, "
+                f"{percent(s['confidence'])} with the op check's narrowing")
     elif report.get("probe_kind") != "server":
-        line = f"{pct(s['confidence'])} from the probe's runs"
+        line = f"{percent(s['confidence'])} from the probe's runs"
     else:
-        line = pct(s["confidence"])
+        line = percent(s["confidence"])
     below = s["confidence"] < s["stop_at"]
-    line += (f" (below the {pct(s['stop_at'])} a run stops at today: this one stopped under an "
-             "older rule)" if below else f" (the run stops at {pct(s['stop_at'])})")
+    line += (f" (below the {percent(s['stop_at'])} a run stops at today: this one stopped under an "
+             "older rule)" if below else f" (the run stops at {percent(s['stop_at'])})")
     near, chance = s.get("nearest_good"), s.get("chance_clean_if_buggy")
     if near and chance is not None:
         line += (f"; were {near['name']} still buggy, "
-                 f"{plural(near['clean'], 'clean lifetime')} would happen {pct(chance)} of the "
+                 f"{plural(near['clean'], 'clean lifetime')} would happen {percent(chance)} of the "
                  "time")
     return f"- How sure: {line}"
 
@@ -170,7 +183,7 @@ def _searched_line(report: Mapping[str, Any]) -> str:
     prev = report.get("previous")
     if prev:
         line += (f"; narrowed first over {prev.get('candidates')} releases to "
-                 f"{code(prev.get('flip_label'))} ({pct(prev.get('confidence'))})")
+                 f"{code(prev.get('flip_label'))} ({percent(prev.get('confidence'))})")
     return line
 
 
@@ -181,7 +194,7 @@ def _differs_line(report: Mapping[str, Any]) -> str | None:
         return None
     line = f"- Not as reported in {esc(diff['issue'])}: {', '.join(known) or 'nothing known'}"
     if unknown:
-        line += f"; not recorded by this run: {', '.join(unknown)}"
+        line += f"; not recorded or not checked by this run: {', '.join(unknown)}"
     return line + " (see Environment)"
 
 
@@ -196,7 +209,8 @@ def _top(report: Mapping[str, Any]) -> list[str]:
              if report.get("run_command") else None)  # a recipe's probe is in the words above
     bullets = [_searched_line(report), probe, _how_sure_line(report), _next_line(report),
                _differs_line(report)]
-    return [*lines, "", *(b for b in bullets if b), ""]
+    return [*lines, "", *(b for b in bullets if b), "",
+            *reported_warning(report.get("differences"))]
 
 
 def _rate(name: str, what: str, rate: Mapping[str, Any], prior: str, behind: str) -> list[str]:
@@ -204,7 +218,8 @@ def _rate(name: str, what: str, rate: Mapping[str, Any], prior: str, behind: str
         return [f"{name}: {what}", f"its prior alone, {prior}: {behind}"]
     lo, hi = rate["interval"]
     return [f"{name}: {what}",
-            f"{_f2(rate['median'])} [{_f2(lo)}, {_f2(hi)}] (median [90% interval]), "
+            f"{rate_text(rate['median'])} [{rate_text(lo)}, {rate_text(hi)}] "
+            "(median [90% interval]), "
             f"from {behind} and the prior {prior}"]
 
 
@@ -215,27 +230,27 @@ def _how_sure_section(report: Mapping[str, Any]) -> list[str]:
     pr = s["priors"]
     rows: list[list[str]] = []
     if s["tiered"]:
-        rows.append(["From the server lifetimes alone", pct(s["lifetimes_alone"])])
+        rows.append(["From the server lifetimes alone", percent(s["lifetimes_alone"])])
         rows.append([
             "With the op check's narrowing",
-            f"{pct(s['confidence'])}: the lifetimes scored with a prior that the op check flips "
-            f"where they do ({pct(s['stand_in_prior'])} before them, "
-            f"{pct(s['stand_in_probability'])} after)"])
+            f"{percent(s['confidence'])}: the lifetimes scored with a prior that the op check "
+            f"flips where they do ({percent(s['stand_in_prior'])} before them, "
+            f"{percent(s['stand_in_probability'])} after)"])
     else:
         what = "server lifetimes" if report.get("probe_kind") == "server" else "probe's runs"
-        rows.append([f"From the {what}", pct(s["confidence"])])
-    rows.append(["The run stops at", f"{pct(s['stop_at'])} (asked {pct(s['asked'])})"])
+        rows.append([f"From the {what}", percent(s["confidence"])])
+    rows.append(["The run stops at", f"{percent(s['stop_at'])} (asked {percent(s['asked'])})"])
     near, chance = s.get("nearest_good"), s.get("chance_clean_if_buggy")
     bad = s["bad_side"]
     if near and chance is not None:
         rows.append([
             f"Were {near['name']} still buggy: {plural(near['clean'], 'clean lifetime')}",
-            f"{pct(chance)} of the time, with p from the bad side's {bad['divergent']} of "
-            f"{bad['lifetimes']} divergent (prior: {pct(pr['p_point_mass'])} that p = 1, else "
+            f"{percent(chance)} of the time, with p from the bad side's {bad['divergent']} of "
+            f"{bad['lifetimes']} divergent (prior: {percent(pr['p_point_mass'])} that p = 1, else "
             f"Beta({pr['p_alpha']:g}, {pr['p_beta']:g}))"])
     good = s["good_side"]
     rows.append(_rate("p", "a lifetime with the bug shows it", s["p"],
-                      f"{pct(pr['p_point_mass'])} p = 1, else Beta({pr['p_alpha']:g}, "
+                      f"{percent(pr['p_point_mass'])} p = 1, else Beta({pr['p_alpha']:g}, "
                       f"{pr['p_beta']:g})",
                       f"{bad['divergent']} of {plural(bad['lifetimes'], 'lifetime')} on the "
                       "bad side" if bad["lifetimes"] else "no lifetime on the bad side"))
@@ -243,8 +258,8 @@ def _how_sure_section(report: Mapping[str, Any]) -> list[str]:
                       f"Beta({pr['q_alpha']:g}, {pr['q_beta']:g})",
                       f"{good['divergent']} of {plural(good['lifetimes'], 'lifetime')} on the "
                       "good side" if good["lifetimes"] else "no lifetime on the good side"))
-    rows.append(["The flip lies beyond the good end", pct(s["good_end_doubt"])])
-    rows.append(["The bad end does not show the bug", pct(s["bad_end_doubt"])])
+    rows.append(["The flip lies beyond the good end", percent(s["good_end_doubt"])])
+    rows.append(["The bad end does not show the bug", percent(s["bad_end_doubt"])])
     return ["### How sure", "", *table(["", ""], [[esc(a), esc(b)] for a, b in rows]), ""]
 
 

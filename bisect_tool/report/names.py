@@ -52,17 +52,6 @@ def num(value: float | int | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def pct(x: float | None) -> str:
-    """A share as a percentage, never rounded to a certainty it is not: 99.6%, > 99.9%, < 0.1%."""
-    if x is None:
-        return "-"
-    if x >= 0.9995 and x < 1:
-        return "> 99.9%"
-    if 0 < x < 0.0005:
-        return "< 0.1%"
-    return f"{x * 100:.1f}%"
-
-
 def commit_entry(raw: Mapping[str, Any], index: int, repo_url: str) -> dict[str, Any]:
     """A header candidate as the report keeps it: its name, subject without the PR suffix (the
     PR is linked apart), and links where the commit is vLLM's."""

@@ -32,6 +32,11 @@ def plain(text: str) -> str:
     return text
 
 
+def is_gate_verdict(message: str) -> bool:
+    """Whether a message is the compatibility gate's refusal (it names the file and an op)."""
+    return bool(_GATE_HEAD.match(message) and _FIRST_OP.search(message))
+
+
 def gate_verdict(message: str) -> dict[str, Any]:
     """The gate's verdict taken apart: the file, every op it names, how many more it counted
     without naming them (journals before the gate named them all), the message whole."""

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bisect_tool.report.names import pct
+from bisect_tool.values import percent
 
-__all__ = ["pct", "plot_posterior", "text_plot"]
+__all__ = ["plot_posterior", "text_plot"]
 
 _LEVELS = " .:-=+*#%@"
 _MARKS = {"DIVERGENT": "X", "CLEAN": "o", "UNTESTABLE": "u", "INCONCLUSIVE": "?"}
@@ -98,7 +98,7 @@ def plot_posterior(report: Mapping[str, Any], path: Path) -> Path | None:
     names = [str(c.get("name") or c.get("short")) for c in report["commits"]]
     found = ", ".join(names[int(c["index"])] if 0 <= int(c["index"]) < n else str(c["short"])
                       for c in a["flip_block"])
-    top.set_title(f"{label}: {found} ({pct(a['confidence'])})" if found else a["state"])
+    top.set_title(f"{label}: {found} ({percent(a['confidence'])})" if found else a["state"])
     tested = report["tested"]
     idx = [r["index"] for r in tested]
     bottom.bar(idx, [r["lifetimes"] for r in tested], width=0.8, color="lightgray",

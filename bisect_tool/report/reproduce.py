@@ -65,14 +65,21 @@ def command(argv: Any, recipe: Mapping[str, Any], bundled: Mapping[str, Any] | N
 
 
 def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    """A recipe value as TOML writes it (tomlkit), a table inline as one recipe line holds it."""
+    import tomlkit
+
     if isinstance(value, Mapping):
-        inner = ", ".join(f"{k} = {_toml(v)}" for k, v in value.items())
-        return "{ " + inner + " }" if inner else "{}"
+        inline = tomlkit.inline_table()
+        inline.update({str(k): _plain(v) for k, v in value.items()})
+        return str(inline.as_string())
+    return str(tomlkit.item(_plain(value)).as_string())
+
+
+def _plain(value: Any) -> Any:
+    """JSON's values as TOML's (a journal keeps the recipe's tuples as lists)."""
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(value)
+        return [_plain(v) for v in value]
+    return value
 
 
 def _portable(section: str, key: str, value: Any) -> tuple[Any, bool]:
@@ -136,15 +143,64 @@ def weights(recipe: Mapping[str, Any], env: Mapping[str, Any]) -> dict[str, Any]
     seed = made.get("seed", 0)
     dtype = made.get("dtype", "float16")
     out = MODEL_DIR.format(name=PurePosixPath(config).name or "model")
+    files = made.get("files")
     return {
         "config": config,
         "dir": out,
+        # the checkpoint's own digests (recorded since issue 41), to check the one made again
+        "files": dict(files) if isinstance(files, Mapping) else {},
         "command": shlex.join(["bisect", "model", "random", "--config", config, "--out", out,
                                "--dtype", str(dtype), "--seed", str(seed)]),
         "transformers": made.get("transformers"),
         "torch": made.get("torch"),
         "config_sha256": made.get("config_sha256"),
     }
+
+
+#: the libraries whose versions the run records (runtime/environment.py), as pip names them
+_PINNED_LIBRARIES = (("torch", "torch"), ("triton", "triton"), ("transformers", "transformers"),
+                     ("xgrammar", "xgrammar"))
+_CUDA_LOCAL = re.compile(r"\+(cu\d+)$")
+_PYTHON = re.compile(r"^(\d+)\.(\d+)")
+
+
+def stack(package: str, version: str, env: Mapping[str, Any]) -> list[str]:
+    """The shell lines that rebuild the run's own pinned stack from what it recorded (issue 41:
+    "pip install vllm==0.26.0" brought FlashInfer and every compiled file, where the run had
+    neither): its Python, the package's wheel with the torch, Triton, transformers and xgrammar
+    the run had, FlashInfer as the run had it (or removed), and the compiled files the run's
+    install lacked removed; ``SITE`` names the install's folder afterwards."""
+    from bisect_tool.report.environment import compiled_files
+
+    python = _PYTHON.match(str(env.get("python") or ""))
+    venv = f"python{python.group(1)}.{python.group(2)}" if python else "python3"
+    pins = [f"{package}=={version}"]
+    index = []
+    for key, dist in _PINNED_LIBRARIES:
+        if env.get(key):
+            pins.append(f"{dist}=={env[key]}")
+            cuda = _CUDA_LOCAL.search(str(env[key]))
+            if key == "torch" and cuda:
+                index = ["--extra-index-url", f"https://download.pytorch.org/whl/{cuda.group(1)}"]
+    lines = [f"{venv} -m venv stack && . stack/bin/activate",
+             shlex.join(["pip", "install", *pins, *index])]
+    flashinfer = env.get("flashinfer")
+    if flashinfer:
+        lines.append(shlex.join(["pip", "install", f"flashinfer-python=={flashinfer}"]))
+    elif "missing_extensions" in env or any(k.startswith("compiled_files.") for k in env):
+        lines.append("pip uninstall -y flashinfer-python flashinfer-cubin  # this run had none")
+    else:
+        lines.append("# this run did not record whether FlashInfer was installed")
+    lines.append(f"SITE=$(python -c 'import importlib.util, os; print(os.path.dirname(os.path."
+                 f"dirname(importlib.util.find_spec(\"{package}\").origin)))')")
+    missing, words = compiled_files(env)
+    if missing:
+        lines.append("# the compiled files this run's install lacked")
+        lines += [f'rm -f "$SITE"/{shlex.quote(m)}' for m in missing]
+    elif missing is None:
+        lines.append(f"# compiled files: {words.split(': ', 1)[0]} by this run, so this stack "
+                     "keeps all of the wheel's (the run's may have lacked some)")
+    return lines
 
 
 def swap(recipe: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],

@@ -46,7 +46,7 @@ def make_backend(
 ) -> RuntimeBackend:
     """The backend ``settings.backend`` names (its users see ``interfaces.RuntimeBackend``
     alone); a Docker engine that is down is an ``InfrastructureError`` naming
-    scripts/docker-up.sh."""
+    `make docker-up`."""
     if settings.backend in ("local", "ray"):
         # ray: every node runs the local backend inside a Ray task
         # (bisect_tool.evaluate.ray); on this host it finds and removes leftovers.

@@ -24,6 +24,15 @@ DTYPES = ("float16", "bfloat16", "float32")
 WEIGHTS_RECORD = "bisect-weights.json"
 
 
+def weight_digests(model_dir: Path) -> dict[str, str]:
+    """The sha256 of each weights file of a checkpoint folder (``*.safetensors``), by name."""
+    digests = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with path.open("rb") as f:
+            digests[path.name] = hashlib.file_digest(f, "sha256").hexdigest()
+    return digests
+
+
 def config_file_of(config: Path) -> Path:
     return config / "config.json" if config.is_dir() else config
 
@@ -83,6 +92,8 @@ def make_random_checkpoint(
         "config_sha256": hashlib.sha256(config_file_of(config).read_bytes()).hexdigest(),
         "seed": seed, "dtype": dtype, "torch": str(torch.__version__),
         "transformers": str(transformers.__version__),
+        # what a maintainer checks the checkpoint they make again against (issue 41)
+        "files": weight_digests(out),
     }, indent=2, sort_keys=True) + "\n")
     # Tokenizer and generation files beside the config travel with it; config.json is the one
     # save_pretrained just wrote (with the dtype recorded).

@@ -35,6 +35,13 @@ PORT_ATTEMPTS = 3
 # Printed by a server that lost the race for its port (we pick it, then it binds): boot again.
 _PORT_TAKEN = ("address already in use", "errno 98", "eaddrinuse")
 
+#: The folder the pinned interpreter is asked from (where its package lives, its versions, the
+#: plan's checks): never the caller's. ``python -c`` puts the working folder first on sys.path,
+#: so inside a vLLM clone it would find the clone's uncompiled package before the pinned one
+#: (issue 41: `bisect plan` run in the clone said "ready", and `start` then failed at once).
+NEUTRAL_CWD = "/"
+
+
 # Asked of the pinned interpreter: where a package lives, without importing it (importing vLLM
 # takes ~20 s and may touch CUDA; find_spec only searches sys.path).
 PACKAGE_DIR_SCRIPT = (
@@ -91,6 +98,26 @@ def likely_cause(log_tail: str, limit: int = 200) -> str:
     candidates = [x for x in lines if not _NOT_A_CAUSE.match(x)]
     found = next((x for x in reversed(candidates) if _CAUSE.search(x)), lines[-1])
     return found if len(found) <= limit else found[: limit - 3] + "..."
+
+
+#: vLLM names the attention backend it chose once per process at boot: "Using FLASH_ATTN attention
+#: backend out of potential backends: ['FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION']."
+#: (vllm/platforms/cuda.py, get_attn_backend_cls; seen on the H100, docs/bench/
+#: gpu-2026-12-07-h100/record.tgz); older V1 engines said "Using Flash Attention backend on V1
+#: engine."
+_ATTENTION_BACKEND = (
+    re.compile(r"Using (\w+) attention backend out of potential backends"),
+    re.compile(r"Using ([\w ]+?) backend on V1 engine"),
+)
+
+
+def attention_backend(log_text: str) -> str | None:
+    """The attention backend a vLLM server's log says it chose (the last one named), if any."""
+    for pattern in _ATTENTION_BACKEND:
+        found = pattern.findall(log_text)
+        if found:
+            return str(found[-1]).strip()
+    return None
 
 
 def boot_failed(lifetime_id: str, why: str, log_tail: str) -> BootFailed:

@@ -139,7 +139,8 @@ def container_name(session: str, lifetime_id: str) -> str:
 
 def _engine_error(exc: Exception) -> InfrastructureError:
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return InfrastructureError(f"Docker engine: {first}; is it running? (scripts/docker-up.sh)")
+    return InfrastructureError(
+        f"Docker engine: {first}; is it running? (make docker-up starts one)")
 
 
 class _Container:

@@ -43,13 +43,30 @@ for dist, key in (("flashinfer-python", "flashinfer"), ("flashinfer", "flashinfe
         facts.setdefault(key, md.version(dist))
     except Exception:
         pass
+# Against the wheel's own file list (its RECORD, which pip installs as it is): a RECORD that is
+# missing, or lists no compiled file, is no such list, and the check says it did not run
+# (issue 41: "Missing compiled files: none" where five extensions were absent and no RECORD was).
+def compiled(name):
+    return name.endswith((".so", ".pyd")) or ".so." in name
 try:
-    record = md.files(sys.argv[1]) or []
-    facts["missing_extensions"] = sorted(
-        str(f) for f in record
-        if (str(f).endswith((".so", ".pyd")) or ".so." in str(f)) and not f.locate().exists())
-except Exception:
-    pass
+    dist = md.distribution(sys.argv[1])
+    record = dist.files
+    listed = [f for f in record or [] if compiled(str(f))]
+    if record is None:
+        facts["compiled_files"] = {"not_checked": "the pinned install has no RECORD, the "
+                                   "wheel's file list"}
+    elif not listed:
+        facts["compiled_files"] = {"not_checked": "the pinned install's RECORD lists no "
+                                   "compiled file, so it is not the wheel's file list"}
+    else:
+        missing = sorted(str(f) for f in listed if not f.locate().exists())
+        facts["compiled_files"] = {"against": f"the RECORD of {dist.metadata['Name']} "
+                                   f"{dist.version}", "listed": len(listed), "missing": missing}
+        facts["missing_extensions"] = missing
+except md.PackageNotFoundError:
+    facts["compiled_files"] = {"not_checked": f"no installed distribution of {sys.argv[1]}"}
+except Exception as exc:
+    facts["compiled_files"] = {"not_checked": f"{type(exc).__name__}: {exc}"}
 print(json.dumps(facts))
 """
 
@@ -68,7 +85,11 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
     if runtime.backend == "docker":
         facts["image"] = runtime.image
     else:
-        env = dict(os.environ)
+        from bisect_tool.runtime.common import NEUTRAL_CWD
+
+        # asked as the runtime asks (not from the caller's folder: a clone there would be what
+        # it finds) and with the lifetimes' own [runtime] env
+        env = {**os.environ, **runtime.env}
         if runtime.pinned_package_dir:
             rest = env.get("PYTHONPATH", "")
             env["PYTHONPATH"] = runtime.pinned_package_dir + (os.pathsep + rest if rest else "")
@@ -81,6 +102,7 @@ def environment_facts(recipe: Any) -> dict[str, Any]:
                 text=True,
                 timeout=120,
                 env=env,
+                cwd=NEUTRAL_CWD,
             )
             facts.update(json.loads(done.stdout.strip().splitlines()[-1]))
             whose = "the tool's own, " if interpreter == sys.executable else ""
@@ -113,14 +135,17 @@ def _weights_facts(recipe: Any) -> dict[str, Any]:
     from pathlib import Path
 
     from bisect_tool.errors import BisectError
-    from bisect_tool.runtime.cli import WEIGHTS_RECORD
+    from bisect_tool.runtime.cli import WEIGHTS_RECORD, weight_digests
     from bisect_tool.runtime.weights import resolve_weights
 
     if not str(recipe.runtime.weights).startswith("random:"):
         return {}
     try:
-        model = resolve_weights(recipe).runtime.model
-        record = json.loads((Path(model) / WEIGHTS_RECORD).read_text(encoding="utf-8"))
+        model = Path(resolve_weights(recipe).runtime.model)
+        record = json.loads((model / WEIGHTS_RECORD).read_text(encoding="utf-8"))
+        if isinstance(record, dict) and "files" not in record:
+            # a checkpoint made before its record held its digests: hashed here, once a run
+            record["files"] = weight_digests(model)
     except (OSError, ValueError, BisectError):
         return {}
     return {"weights": record} if isinstance(record, dict) else {}

@@ -31,6 +31,7 @@ from bisect_tool.runtime import schemas
 from bisect_tool.runtime.backend import Backend, SchemaDump
 from bisect_tool.runtime.common import (
     LOOPBACK,
+    NEUTRAL_CWD,
     PACKAGE_DIR_SCRIPT,
     RunningServer,
     sigterm_raises,
@@ -149,7 +150,7 @@ class LocalBackend(Backend[_Server]):
                 text=True,
                 timeout=120,
                 env=self._base_env(),
-                cwd="/",  # not the caller's cwd: a vLLM source checkout there would shadow
+                cwd=NEUTRAL_CWD,  # a vLLM source checkout in the caller's would shadow
                 check=False,
             )
         except FileNotFoundError:

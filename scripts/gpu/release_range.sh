@@ -29,6 +29,7 @@
 #             seconds of every call are appended to $DEV/times-MODE.tsv and summed.
 #   report    the journals of both runs -> $OUT/journal-MODE.jsonl; their reports (md, json),
 #             status, timings and logs -> $OUT/record.tgz
+#   recipe    only writes (and checks) the recipe the runs use: $DEV/batch-invariance-range.toml
 #
 # Env: DEV (/tmp/dev), CARRY (.devcarry), OUT, DEADLINE_S (540), GOOD (0.28.0), BAD (0.22.0),
 # GATE_OPS (unset: the full gate; a space-separated op list limits it, as release_proof's locate),
@@ -124,10 +125,15 @@ recipe() {  # the bundled recipe completed for this machine
   fi
   sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $PER_GPU\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
       -e "s|^  \"--skip-tokenizer-init\",|  \"--skip-tokenizer-init\",$share|" \
-      -e "s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
+      -e "/^\[runtime\.env\]/,/^\[/ s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
       -e "s|^weights = \"random:models/\(.*\)\"|weights = \"random:$PWD/bisect_tool/recipes/models/\1\"|" \
       "${drop[@]}" bisect_tool/recipes/"$RECIPE".toml >"$f"
   grep -q "^pinned_package_dir = \"$DEV/site\"" "$f" || { log "recipe: the bundled recipe changed; fix the sed in recipe()"; exit 2; }
+  # The sampler switch goes into [runtime.env] alone: what the issue reported ([reported]) stays
+  # the bundled recipe's (issue 41: a sed over the whole file set it in [reported.env] too, and
+  # the report then showed no difference in the one setting #51187's thread argued about).
+  "$PY" -c 'import sys, tomllib; r, b = (tomllib.load(open(p, "rb")) for p in sys.argv[1:]); sys.exit(r.get("reported") != b.get("reported"))' \
+      "$f" bisect_tool/recipes/"$RECIPE".toml || { log "recipe: the sed changed [reported]; fix it in recipe()"; exit 2; }
   echo "$f"
 }
 
@@ -374,7 +380,8 @@ for step in "$@"; do
     bisect) run_bisect "tiered$TAG" ;;
     nonarrow) run_bisect "nonarrow$TAG" --no-narrow ;;
     report) step_report ;;
-    *) echo "unknown step $step (stack, so, verify, model, bisect, nonarrow, report)" >&2; exit 2 ;;
+    recipe) log "recipe: $(recipe)" ;;  # the recipe the runs use, written and checked alone
+    *) echo "unknown step $step (stack, so, verify, model, bisect, nonarrow, report, recipe)" >&2; exit 2 ;;
   esac
   log "$step done ($(( $(date +%s) - t0 )) s)"
 done
