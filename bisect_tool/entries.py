@@ -111,6 +111,7 @@ class ControlsEntry(TypedDict, total=False):
     negative: dict[str, Any]
     attempts: int  # lifetimes they took (the positive control may be intermittent too)
     untestable: bool  # the candidate could not run them (gate, boot): they move to another
+    suspects: dict[str, Any]  # [probe] suspects: which settings showed divergence there
 
 
 class PhaseEntry(TypedDict, total=False):
@@ -186,7 +187,7 @@ def observation(
 
 def controls(
     commit: str, ok: bool, problem: str, results: Mapping[str, Any], *, attempts: int = 1,
-    untestable: bool = False,
+    untestable: bool = False, suspects: Mapping[str, Any] | None = None,
 ) -> ControlsEntry:
     """The controls on ``commit``; ``results``: the positive and negative probe results."""
     entry: ControlsEntry = {
@@ -197,6 +198,8 @@ def controls(
     }
     if untestable:
         entry["untestable"] = True
+    if suspects:
+        entry["suspects"] = dict(suspects)
     return entry
 
 

@@ -30,6 +30,10 @@ class SwapSet:
     source: str = ""  # "wheel-index", "release", "local", "source-build", "import"
     origin: str = ""  # URL or path it came from
     sha256: Mapping[str, str] = field(default_factory=dict)
+    # top-level packages the files hold whole (the candidate's own Python side, issue 40: a
+    # bisect of whole commits): laid in place of the pinned package, not over it, and not
+    # gated (its Python side is its own)
+    whole_packages: tuple[str, ...] = ()
 
 
 class ArtifactProvider(Protocol):

@@ -87,6 +87,10 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "target_coresidency": AT_LEAST_0,
         "request_timeout_s": POSITIVE,
         "control_attempts": AT_LEAST_1,
+        "suspect_lifetimes": AT_LEAST_1,
+        "batch_sizes": AT_LEAST_1,
+        "needles": AT_LEAST_0,
+        "warmup_requests": AT_LEAST_0,
         "seeds": AT_LEAST_1,
         "hidden_sizes": AT_LEAST_1,
         "row_counts": AT_LEAST_1,
@@ -99,10 +103,11 @@ BOUNDS: dict[str, dict[str, Bound]] = {
 # process much later (the op check's child would refuse an unknown --abi with a usage error).
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "probe": {"op_abi": ("torch", "ctypes"),
-              "kind": (ProbeKind.SERVER.value, ProbeKind.OP.value)},
+              "kind": (ProbeKind.SERVER.value, ProbeKind.OP.value),
+              "mode": ("repeats", "bs1-vs-bsN")},
     "runtime": {"backend": ("local", "docker", "ray"),
                 "docker_gpu": ("auto", "toolkit", "devices")},
-    "artifacts": {"build_executor": ("docker", "host")},
+    "artifacts": {"build_executor": ("docker", "host"), "python_side": ("pinned", "candidate")},
 }
 #: the artifact sources a recipe may list (bisect_tool.artifacts.KNOWN_SOURCES, kept equal by
 #: tests/test_inputs.py; not imported from there: that package imports the recipe module)

@@ -226,6 +226,30 @@ def compiled_only(recipe: Recipe) -> Recipe:
     return recipe.override("artifacts", swap_set=compiled)
 
 
+def whole_commits(recipe: Recipe) -> Recipe:
+    """The recipe for a bisect of whole commits, once locate has said the Python side: each
+    candidate's own package with its own compiled files (``[artifacts] python_side =
+    "candidate"``, ``bisect_tool.artifacts.whole``), as a ``VLLM_USE_PRECOMPILED`` build makes
+    it. Its candidates are the commits touching the package as well as the compiled sources;
+    the fast op check is dropped (it sees the compiled side only, which is not where the change
+    is)."""
+    compiled = compiled_only(recipe)
+    package = recipe.artifacts.package
+    paths = recipe.range.paths
+    if paths and f"{package}/" not in paths:
+        paths = (*paths, f"{package}/")
+    whole = dataclasses.replace(
+        compiled,
+        artifacts=dataclasses.replace(compiled.artifacts, python_side="candidate"),
+        range=dataclasses.replace(compiled.range, paths=paths),
+        probe=dataclasses.replace(compiled.probe, narrow=""),
+    )
+    from bisect_tool.recipe import check_whole
+
+    check_whole(whole, recipe.source or recipe.name)
+    return whole
+
+
 def _python_side(
     request: LocateRequest, cache: Any, provider: Any, end: Candidate, side: Side
 ) -> Path:
@@ -348,9 +372,12 @@ def next_step(
             argv = ["bisect", "start", "--good", good_ref, "--bad", bad_ref, "--recipe", name]
             return (f"{words}. Next (the recipe swaps {', '.join(python_files)} too): "
                     f"{shlex.join(argv)}")
-        return (f"{words}. Next: bisect the whole package, e.g. `bisect start --good {good_ref} "
-                f"--bad {bad_ref} --run 'pip install -e . && ./repro.sh'` in a clone, or a "
-                "recipe whose swap set holds the Python files that changed")
+        argv = ["bisect", "start", "--locate", "--good", good_ref, "--bad", bad_ref,
+                "--recipe", name]
+        where = " in a vLLM clone" if request.releases is not None else ""
+        return (f"{words}. Next, whole commits{where} (each candidate's own Python side with its "
+                f"compiled files, as VLLM_USE_PRECOMPILED builds them): {shlex.join(argv)} "
+                "bisects them after this locate")
     return words
 
 
@@ -382,4 +409,4 @@ def render(outcome: LocateOutcome) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["GG", "LocateOutcome", "LocateRequest", "locate", "render"]
+__all__ = ["GG", "LocateOutcome", "LocateRequest", "locate", "render", "whole_commits"]

@@ -60,6 +60,11 @@ class ArtifactSettings:
     max_jobs: int = 2
     cache_dir: str = ""  # default: $BISECT_CACHE_DIR, else the user cache dir (platformdirs)
     cache_max_bytes: int = 20 * 1024**3
+    # "pinned": candidates swap their compiled files over the pinned Python side; "candidate":
+    # each candidate runs its own Python package (git archive of the commit) with its own
+    # compiled files, as a VLLM_USE_PRECOMPILED build does (bisect_tool/artifacts/whole.py):
+    # a bisect of whole commits, for a change on the Python side (needs a clone)
+    python_side: str = "pinned"
     # Candidates fetched or built ahead of the one the next decision needs (--prefetch K); a
     # run then builds at most K more than it runs. -1: the run chooses from its measured costs
     # (0 for source builds on the machine the probe keeps busy; bisect_tool/lookahead.py).
@@ -131,6 +136,22 @@ class ProbeSettings:
     logprobs: int = 5
     seed: int = 0
     jitter_ms: float = 40.0  # random submission delay per request: varies how steps form
+    # What a lifetime compares: "repeats" (vLLM #51187's: repeats of one concurrent workload,
+    # every pair bitwise) or "bs1-vs-bsN" (vLLM's own definition, tests/v1/determinism/
+    # test_online_batch_invariance.py: each prompt alone against itself in a batch of N)
+    mode: str = "repeats"
+    # bs1-vs-bsN: the batch sizes N, each the first N prompts of the workload (empty: all of
+    # them), and how many of a batch's prompts are also sent alone and compared (0: every one;
+    # 1: vLLM's "needle", a request alone against itself in batches of 17 and 65)
+    batch_sizes: tuple[int, ...] = ()
+    needles: int = 0
+    # The first requests after start-up, sent alone before the workload and again after it,
+    # reported apart: graph capture and JIT warm-up make them differ (vLLM #33537), which is
+    # not the bug; 0: none
+    warmup_requests: int = 0
+    # A prompt the workload never sends, sent alone twice after it: prefix caching cold, then
+    # warm (vLLM #40896, #42019), reported apart
+    prefix_cache_check: bool = False
     target_coresidency: int = 0  # lifetimes that never reach it are INCONCLUSIVE (0: M + F)
     invariance_env: str = "VLLM_BATCH_INVARIANT"
     request_timeout_s: float = 120.0
@@ -138,6 +159,12 @@ class ProbeSettings:
     # The positive control can be as intermittent as the bug: up to this many lifetimes until it
     # diverges (each also runs the negative control).
     control_attempts: int = 3
+    # The controls also run their candidate under each of these settings of [runtime.env]
+    # besides the recipe's own, each value in its own `suspect_lifetimes` lifetimes, and say
+    # which settings show divergence: VLLM_USE_FLASHINFER_SAMPLER = "0,1" tells the sampler
+    # from the kernels (vLLM #51187's reporters saw the divergence go with it at 0).
+    suspects: dict[str, str] = field(default_factory=dict)
+    suspect_lifetimes: int = 2
     # A fast stand-in probe to narrow the range with before this probe confirms the flip on
     # both sides of it ("" = none; "op": the op check below on each candidate's extension).
     # See bisect_tool/tiers.py.
@@ -151,6 +178,9 @@ class ProbeSettings:
     reported_symptom: str = ""
     # op probe
     ops: tuple[str, ...] = ("rms_norm", "fused_add_rms_norm")
+    # checked where the candidate registers them, named as not registered where it does not
+    # (vLLM's quantized RMSNorm ops, #48997, are not in every release's _C)
+    optional_ops: tuple[str, ...] = ()
     op_namespace: str = "_C"
     dtypes: tuple[str, ...] = ("float16",)
     hidden_sizes: tuple[int, ...] = (512, 4096)
@@ -337,6 +367,19 @@ def check_whole(recipe: Recipe, source: str) -> None:
         raise RecipeError(
             f"{source}: 'probe.row_counts' must be [small, big] with small < big, got "
             f"{[small, big]}"
+        )
+    sizes = p.batch_sizes or (total,)
+    if p.mode == "bs1-vs-bsN" and (max(sizes) > total or p.needles > min(sizes)):
+        raise RecipeError(
+            f"{source}: 'probe.batch_sizes' {list(sizes)} and 'probe.needles' {p.needles} need "
+            f"batches of at most requests + fillers ({total}) holding every needle; add "
+            "requests or lower them"
+        )
+    if recipe.artifacts.python_side == "candidate" and r.backend != "local":
+        raise RecipeError(
+            f"{source}: 'artifacts.python_side' = \"candidate\" lays each candidate's package "
+            f"in place of the pinned one with the local backend, not {r.backend!r}; set "
+            "[runtime] backend = \"local\""
         )
     if any(not g.strip() for g in r.gpus):
         raise RecipeError(f"{source}: 'runtime.gpus' holds an empty GPU id; give ids like [\"0\"]")

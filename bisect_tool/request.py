@@ -61,6 +61,10 @@ class StartRequest:
     command: tuple[str, ...] = ()
     releases: ReleaseRequest | None = None
     carried: Carried | None = None
+    # --test-from REF --test-file PATH: test files of a newer commit, run at every candidate
+    # (bisect_tool.newer_tests)
+    test_from: str | None = None
+    test_files: tuple[str, ...] = ()
 
 
 def resolve(request: StartRequest) -> tuple[CommitRange, Recipe | None, dict[str, Any]]:
@@ -117,6 +121,15 @@ def create_journal(
         recipe, request.search_overrides, deterministic=request.deterministic
     )
     mode = "run" if request.run_command else ("recipe" if recipe else "manual")
+    if request.test_from is not None or request.test_files:
+        from bisect_tool import newer_tests
+
+        if mode != "run":
+            raise UsageError("--test-from and --test-file go with --run CMD (the command that "
+                             "runs the test at each candidate)")
+        exported = newer_tests.export(request.repo, request.test_from or "",
+                                      request.test_files, path.parent)
+        extra["test_from"] = exported.to_header()
     clone = request.releases is None or request.releases.then_commits
     if request.carried is not None:
         extra["previous"] = dict(request.carried.summary)

@@ -140,6 +140,8 @@ def resume(
                   str(header.get("session", "")), observer)
     with journaled(journal_path) as journal:
         if mode == "run":
+            from bisect_tool.newer_tests import NewerTests
+
             evaluator = command_evaluator(
                 header["run_command"],
                 float(header.get("run_timeout") or 0),
@@ -147,6 +149,7 @@ def resume(
                 state_dir=journal_path.parent,
                 session=str(header.get("session", "")),
                 observer=observer,
+                test_from=NewerTests.from_header(header.get("test_from")),
             )
             bisect_loop(journal, state, Evaluators(evaluator), observer=observer,
                         seen_causes=_journal_causes(contents))

@@ -23,6 +23,7 @@ from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
 from bisect_tool.events import Observer, ignore, notes_to
 from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
+from bisect_tool.newer_tests import NewerTests
 from bisect_tool.recipe import Recipe, RuntimeSettings
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.tiers import Tier
@@ -122,7 +123,7 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
 
         def controls_for(commit: str) -> ControlsRunner:
             return controls_runner(w.recipe.probe, evaluator, commit, w.tags,
-                                   gpu_lease=pool.controls_lease)
+                                   gpu_lease=pool.controls_lease, recipe_env=runtime.env)
 
         # The fast stand-in runs on the same artifacts (one cache). It also asks the gate
         # whether the faithful tier could run each candidate, so the confirm step never picks
@@ -172,14 +173,15 @@ def _run_command(w: Wiring) -> Iterator[Evaluators]:
 
 def command_evaluator(
     command: str, timeout_s: float, *, repo: Path, state_dir: Path, session: str,
-    observer: Observer = ignore,
+    observer: Observer = ignore, test_from: NewerTests | None = None,
 ) -> Evaluator:
-    """``bisect start --run CMD``: the command in a worktree of each candidate."""
+    """``bisect start --run CMD``: the command in a worktree of each candidate (with a newer
+    commit's test files in it: ``--test-from``)."""
     from bisect_tool.evaluate import RunCommandEvaluator
 
     return RunCommandEvaluator(
         repo, command, timeout_s, state_dir=state_dir, session=session,
-        progress=notes_to(observer),
+        progress=notes_to(observer), test_from=test_from,
     )
 
 
@@ -224,6 +226,12 @@ def open_provider(
         recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session,
         runtime=recipe.runtime, mainline=recipe.range.mainline,
     ) as provider:
+        if recipe.artifacts.python_side == "candidate":
+            # whole commits: each candidate's own package with its compiled files (issue 40)
+            from bisect_tool.artifacts.whole import WholeCommitProvider
+
+            yield WholeCommitProvider(provider, provider.cache, repo, recipe.artifacts.package)
+            return
         yield provider
 
 

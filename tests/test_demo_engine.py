@@ -39,6 +39,7 @@ from demollm._custom_ops import Kernels  # noqa: E402
 from demollm.engine import (  # noqa: E402
     DeviceTiming,
     EngineLoop,
+    EngineOptions,
     LLMEngine,
     Request,
     SchedulerConfig,
@@ -62,7 +63,8 @@ def sos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def engine(
-    so: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch, invariant: bool = True
+    so: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch, invariant: bool = True,
+    options: EngineOptions | None = None,
 ) -> LLMEngine:
     global _n
     _n += 1
@@ -74,7 +76,8 @@ def engine(
     kernels.rms_norm(np.ones((1, 8), np.float32), None, 1e-6)  # caches the switch now
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     # The matmuls follow the same switch as the kernels (demollm.server.build_engine does so).
-    return LLMEngine(DemoModel(ModelConfig(batch_invariant=invariant), kernels), SchedulerConfig())
+    return LLMEngine(DemoModel(ModelConfig(batch_invariant=invariant), kernels), SchedulerConfig(),
+                     options)
 
 
 def prompt(seed: int, n: int = 24) -> list[int]:
@@ -330,7 +333,10 @@ def post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def server(sos: dict[str, Path]) -> Iterator[str]:
-    args = ("--max-num-seqs", "16", "--step-overhead-ms", "0", "--step-per-token-ms", "0")
+    # Eager: the tests below compare a first request with a later one (CUDA graphs' warm-up
+    # would make them differ; tests/test_demo_modes.py shows it does)
+    args = ("--max-num-seqs", "16", "--step-overhead-ms", "0", "--step-per-token-ms", "0",
+            "--enforce-eager")
     with demo_server(sos["pre"], {"VLLM_BATCH_INVARIANT": "1"}, args) as url:
         yield url
 

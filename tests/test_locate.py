@@ -237,3 +237,126 @@ def test_a_sigterm_journals_every_lifetime_that_ended_and_none_half_done(
     else:
         assert sorted(seen) == sorted((lid, "divergent") for lid in started)
         assert len(seen) == 2
+
+
+# ---- issue 40: when the Python side carries it, bisect whole commits ---------------------------
+
+
+def test_whole_commits_recipe_takes_the_package_with_each_candidate() -> None:
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.errors import RecipeError
+    from bisect_tool.locate import whole_commits
+
+    r = whole_commits(recipe_mod.load("demo-python"))
+    assert r.artifacts.swap_set == ("demollm/_kernels.so",)  # model.py comes with the package
+    assert r.artifacts.python_side == "candidate" and r.probe.narrow == ""
+    assert "demollm/" in r.range.paths and "csrc/" in r.range.paths
+    seed = whole_commits(recipe_mod.load("batch-invariance"))
+    assert seed.range.paths[-1] == "vllm/" and seed.probe.narrow == ""
+    with pytest.raises(RecipeError, match="python_side.*local backend"):
+        whole_commits(recipe_mod.load("demo").override("runtime", backend="docker"))
+
+
+@pytest.fixture(scope="module")
+def demo_history(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from bisect_tool.demo.history import generate
+
+    return generate(tmp_path_factory.mktemp("whole") / "repo", commits=80)
+
+
+def test_a_whole_commit_swap_set_holds_the_candidates_own_package(
+    demo_history, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    from bisect_tool.artifacts.cache import ArtifactCache
+    from bisect_tool.artifacts.whole import WholeCommitProvider
+    from bisect_tool.demo.history import BAD_TAG, MODEL
+    from bisect_tool.demo.pinned import ensure_pinned_build
+    from bisect_tool.interfaces import SwapSet
+
+    built = ensure_pinned_build()
+    asked: list[str] = []
+
+    class Compiled:  # the recipe's own provider: the candidate's compiled files
+        def get(self, commit: str, tags: object = ()) -> SwapSet:
+            asked.append(commit)
+            return SwapSet(commit, {"demollm/_kernels.so": built}, source="source-build",
+                           sha256={"demollm/_kernels.so": "ab" * 32})
+
+        def prefetch(self, commits: object, tags: object) -> None:
+            asked.append("prefetch")
+
+    provider = WholeCommitProvider(Compiled(), ArtifactCache(tmp_path / "cache"),
+                                   demo_history.repo, "demollm")
+    after = provider.get(demo_history.python_commit)
+    assert after.whole_packages == ("demollm",) and after.source == "source-build+git"
+    assert next(iter(after.files)) == "demollm/_kernels.so"  # the op check takes the first
+    assert MODEL in after.files and "demollm/server.py" in after.files
+    assert "LM_HEAD_SPLIT_ROWS = 32" in after.files[MODEL].read_text()
+    assert after.files["demollm/_kernels.so"].read_bytes() == built.read_bytes()
+    assert after.sha256 == {"demollm/_kernels.so": "ab" * 32}  # the report's compiled files
+    before = provider.get(subprocess_rev(demo_history.repo, f"{BAD_TAG}^{{}}"))
+    assert "LM_HEAD_SPLIT_ROWS" not in before.files[MODEL].read_text()
+    assert provider.get(demo_history.python_commit).files == after.files  # cached
+    provider.prefetch([], {})
+    assert asked[-1] == "prefetch"
+
+
+def subprocess_rev(repo: Path, ref: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", ref], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_a_whole_package_replaces_the_pinned_one_and_is_not_gated(tmp_path: Path) -> None:
+    from bisect_tool.interfaces import SwapSet
+    from bisect_tool.recipe import RuntimeSettings
+    from bisect_tool.runtime.local import LocalBackend
+    from bisect_tool.runtime.overlay import overlay
+
+    pinned = tmp_path / "site" / "pkg"
+    pinned.mkdir(parents=True)
+    (pinned / "__init__.py").write_text("")
+    (pinned / "stale.py").write_text("# only the pinned release has it\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "__init__.py").write_text("# the candidate's\n")
+    files = {"pkg/__init__.py": mine / "__init__.py"}
+    with overlay(files, lambda _pkg: pinned, tag="t", parent=tmp_path) as root:
+        assert (root / "pkg" / "stale.py").exists()  # over the pinned package
+    with overlay(files, lambda _pkg: pinned, tag="t", parent=tmp_path, whole={"pkg"}) as root:
+        assert not (root / "pkg" / "stale.py").exists()  # in its place
+        assert (root / "pkg" / "__init__.py").read_text() == "# the candidate's\n"
+    # the gate: the candidate's own Python calls its own ops (nothing pinned is even looked up)
+    backend = LocalBackend(RuntimeSettings(pinned_package_dir=str(tmp_path / "nowhere")),
+                           session="s", log_dir=tmp_path)
+    backend.check_compatible(SwapSet("c" * 40, {"pkg/_ext.so": mine / "__init__.py"},
+                                     whole_packages=("pkg",)))
+
+
+# The locate decides the Python side as test_locate_on_the_python_side_regression_says_python_side
+# does (p ~0.8 on v0.27.0's Python); the bisect then runs lifetimes of whole commits, p ~0.8 on
+# the bad side and 0 on the good side (the split never happens before the commit). Measured here:
+# 149 s, the commit found at 100.0% in 24 lifetimes.
+@pytest.mark.slow
+def test_start_locate_bisects_whole_commits_when_the_python_side_carries_it(
+    demo_history, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    from bisect_tool.demo import pinned
+    from bisect_tool.demo.cli import write_recipe
+
+    pinned.ensure_pinned_build()
+    recipe = write_recipe(tmp_path / "demo-python.toml", tmp_path / "cache", name="demo-python")
+    state = tmp_path / "state"
+    code, out, err = run_cli(
+        "start", "--locate", "--good", "v0.26.0", "--bad", "v0.27.0", "--recipe", str(recipe),
+        "--repo", str(demo_history.repo), "--state-dir", str(state), "-q",
+    )
+    assert code == 0, out[-2000:] + err[-2000:]
+    assert "python (" in out.splitlines()[0]
+    assert "bisecting whole commits" in out
+    assert f"first bad commit: {demo_history.python_commit}" in out
+    header = json.loads((state / "journal.jsonl").read_text().splitlines()[0])
+    assert header["recipe"]["artifacts"]["python_side"] == "candidate"
+    assert header["recipe"]["artifacts"]["swap_set"] == ["demollm/_kernels.so"]
+    assert header["recipe"]["probe"]["narrow"] == ""

@@ -14,7 +14,9 @@ from bisect_tool.errors import RecipeError
 
 def test_bundled_recipes_are_listed_and_load() -> None:
     assert recipe.bundled_names() == [
-        "batch-invariance", "batch-invariance-op", "demo", "demo-op", "demo-python"
+        "batch-invariance", "batch-invariance-bs1", "batch-invariance-compiled",
+        "batch-invariance-moe", "batch-invariance-op", "batch-invariance-op-extended", "demo",
+        "demo-op", "demo-python",
     ]
     for name in recipe.bundled_names():
         assert recipe.load(name).name == name
@@ -120,7 +122,8 @@ def test_a_misspelt_key_is_one_line_naming_the_fix_and_exit_4(tmp_path: Path) ->
 
 
 def test_unknown_recipe_name_lists_the_bundled_ones() -> None:
-    with pytest.raises(RecipeError, match="bundled recipes: batch-invariance, batch-invariance-op"):
+    with pytest.raises(RecipeError,
+                       match="bundled recipes: batch-invariance, batch-invariance-bs1, "):
         recipe.load("batch-invariant")
 
 
@@ -174,3 +177,98 @@ def test_the_reports_changed_values_are_toml_a_recipe_can_hold() -> None:
     assert parsed["runtime"]["server_args"] == ["--dtype", "float16"]
     assert parsed["runtime"]["lifetimes_per_gpu"] == 2
     assert parsed["probe"] == {"narrow": "", "jitter_ms": 12.5}
+
+
+# ---- issue 40's recipes -------------------------------------------------------------------------
+
+
+def test_the_compiled_recipe_is_the_seed_setup_with_cuda_graphs_on() -> None:
+    seed, r = recipe.load("batch-invariance"), recipe.load("batch-invariance-compiled")
+    assert "--enforce-eager" in seed.runtime.server_args
+    assert r.runtime.server_args == tuple(a for a in seed.runtime.server_args
+                                          if a != "--enforce-eager")
+    assert r.probe.warmup_requests == 2 and r.runtime.boot_timeout_s > seed.runtime.boot_timeout_s
+    assert r.probe.suspects == {"VLLM_USE_FLASHINFER_SAMPLER": "0,1"}
+    # the seed's workload and swap set, unchanged
+    assert (r.probe.requests, r.probe.fillers, r.probe.jitter_ms) == (31, 13, 40.0)
+    assert r.artifacts.swap_set == seed.artifacts.swap_set and r.range == seed.range
+
+
+def test_the_bs1_recipe_is_vllms_own_check_on_the_seed_workload() -> None:
+    r = recipe.load("batch-invariance-bs1")
+    p = r.probe
+    assert (p.mode, p.batch_sizes, p.jitter_ms) == ("bs1-vs-bsN", (), 0.0)
+    # alone, a prompt's prefill stays below the pre-fix kernel's 256 tokens; batched, far above
+    assert p.prefix_tokens + p.prompt_tokens < 256
+    assert p.requests * (p.prefix_tokens + p.prompt_tokens) + p.fillers * p.filler_tokens > 256
+    assert "--enforce-eager" in r.runtime.server_args
+
+
+def test_the_extended_op_recipe_adds_bf16_and_the_quantized_rms_norm_ops() -> None:
+    from bisect_tool.probes.op_cases import CHECKED
+
+    p = recipe.load("batch-invariance-op-extended").probe
+    assert p.ops == recipe.load("batch-invariance-op").probe.ops
+    assert p.optional_ops == ("rms_norm_static_fp8_quant", "fused_add_rms_norm_static_fp8_quant",
+                              "rms_norm_per_block_quant")
+    assert set(p.optional_ops) <= CHECKED and p.dtypes == ("float16", "bfloat16")
+    assert 4096 % 128 == 0 and 512 % 128 == 0  # the per-block groups fit every hidden size
+
+
+def test_the_moe_recipe_swaps_the_moe_extension_and_loads_a_moe_checkpoint() -> None:
+    from bisect_tool.probes.op_cases import CHECKED
+
+    r = recipe.load("batch-invariance-moe")
+    assert r.artifacts.swap_set == ("vllm/_C_stable_libtorch.abi3.so",
+                                    "vllm/_moe_C_stable_libtorch.abi3.so")
+    assert r.runtime.weights == "random:models/qwen3-moe-tiny"
+    assert "--quantization" in r.runtime.server_args and r.probe.mode == "bs1-vs-bsN"
+    assert r.probe.prefix_cache_check and "--no-enable-prefix-caching" not in r.runtime.server_args
+    assert {o.split("::")[-1] for o in r.probe.optional_ops} <= CHECKED
+    assert all(o.startswith("_moe_C::") for o in r.probe.optional_ops)
+
+
+MOE_CONFIG = recipe.BUNDLED_DIR / "models" / "qwen3-moe-tiny" / "config.json"
+
+
+def test_the_moe_checkpoint_config_is_qwen3_moe_shaped() -> None:
+    import json
+
+    c = json.loads(MOE_CONFIG.read_text())
+    dense = json.loads((MOE_CONFIG.parents[1] / "qwen3-0.6b" / "config.json").read_text())
+    assert (c["architectures"], c["model_type"]) == (["Qwen3MoeForCausalLM"], "qwen3_moe")
+    assert c["num_experts_per_tok"] <= c["num_experts"] and c["decoder_sparse_step"] == 1
+    assert c["mlp_only_layers"] == [] and c["num_hidden_layers"] <= 8  # every layer an MoE
+    assert c["num_attention_heads"] % c["num_key_value_heads"] == 0
+    # the dense config's tokenizer-facing values: the probe's token ids fit both
+    for key in ("vocab_size", "bos_token_id", "eos_token_id", "rms_norm_eps", "head_dim"):
+        assert c[key] == dense[key], key
+    experts = c["num_hidden_layers"] * c["num_experts"] * 3 * c["hidden_size"] * c[
+        "moe_intermediate_size"]
+    assert experts < 300_000_000  # small enough to make on the device in seconds
+
+
+def test_the_moe_checkpoint_config_loads_in_transformers() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.from_pretrained(str(MOE_CONFIG.parent))
+    assert type(cfg).__name__ == "Qwen3MoeConfig"
+    assert (cfg.num_experts, cfg.num_experts_per_tok) == (64, 8)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('name = "x"\n[probe]\nmode = "bs2"\n', "'probe.mode' must be one of"),
+        ('name = "x"\n[probe]\nmode = "bs1-vs-bsN"\nbatch_sizes = [100]\n',
+         "'probe.batch_sizes' [100] and 'probe.needles' 0 need batches of at most"),
+        ('name = "x"\n[probe]\nmode = "bs1-vs-bsN"\nbatch_sizes = [8]\nneedles = 9\n',
+         "holding every needle"),
+        ('name = "x"\n[probe]\nbatch_sizes = [0]\n', "'probe.batch_sizes' must be >= 1"),
+        ('name = "x"\n[probe]\nwarmup_requests = -1\n', "'probe.warmup_requests' must be"),
+        ('name = "x"\n[probe.suspects]\nA = 1\n', "'probe.suspects.A' must be a string"),
+    ],
+)
+def test_issue_40_keys_are_checked_at_load(tmp_path: Path, text: str, fragment: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        recipe.load(_write(tmp_path, text))
+    assert fragment in str(info.value) and "\n" not in str(info.value)

@@ -77,8 +77,8 @@ def test_completion_script_for_each_shell(shell: str) -> None:
 def test_completes_commands_options_and_recipe_names() -> None:
     assert complete("bisect sta") == ["plain,start", "plain,status"]
     assert "plain,--good" in complete("bisect start --")
-    assert complete("bisect start --recipe batch") == [
-        "plain,batch-invariance", "plain,batch-invariance-op"
+    assert complete("bisect start --recipe batch-invariance-o") == [
+        "plain,batch-invariance-op", "plain,batch-invariance-op-extended"
     ]
     assert "plain,demo" in complete("bisect probe --recipe ")
     # A path is left to the shell's own file completion.

@@ -21,19 +21,24 @@ from bisect_tool.clitypes import Finite
 from bisect_tool.errors import NoAnswer
 from bisect_tool.events import Observer
 from bisect_tool.progress import watching
+from bisect_tool.request import StartRequest
 from bisect_tool.values import percent
 
 
 def locate_before_bisect(
-    recipe: recipe_mod.Recipe, good: str, bad: str, repo: Path, request: object,
+    recipe: recipe_mod.Recipe, good: str, bad: str, repo: Path, request: StartRequest,
     releases: object, observer: Observer,
-) -> None:
-    """``start --locate``: the swap matrix first; the bisect follows only when the compiled
-    side carries the change (a Python-side change cannot be found by swapping _C)."""
+) -> StartRequest:
+    """``start --locate``: the swap matrix first, then the bisect it calls for: of the
+    compiled side (the request as it is), or, when the Python side carries the change, of whole
+    commits (each candidate's own Python side with its compiled files, issue 40: swapping _C
+    cannot find a Python change); nothing for any other answer."""
+    import dataclasses
+
     from bisect_tool import locate as locate_mod
     from bisect_tool.matrix import Explanation
 
-    state_dir = request.journal_path.parent  # type: ignore[attr-defined]
+    state_dir = request.journal_path.parent
     outcome = locate_mod.locate(
         locate_mod.LocateRequest(good, bad, recipe, state_dir,
                                  repo=repo if releases is None else None, releases=releases),
@@ -41,12 +46,24 @@ def locate_before_bisect(
     )
     click.echo(locate_mod.render(outcome))
     finding = outcome.finding
-    if not finding.decided or finding.explanation is not Explanation.COMPILED:
+    wanted = (Explanation.COMPILED, Explanation.PYTHON)
+    if not finding.decided or finding.explanation not in wanted:
         raise NoAnswer(
-            f"bisect locate says {finding.explanation} ({percent(finding.probability)}): not "
-            "bisecting the compiled side (see above)"
+            f"bisect locate says {finding.explanation} ({percent(finding.probability)}): "
+            "nothing to bisect on one side (see above)"
         )
     click.echo("")
+    if finding.explanation is Explanation.COMPILED:
+        return request
+    if releases is not None:
+        raise NoAnswer(
+            "bisect locate says the Python side; whole commits need a clone: run `bisect start "
+            f"--locate --good {good} --bad {bad} --recipe {recipe.name}` in your vLLM clone"
+        )
+    whole = locate_mod.whole_commits(recipe)
+    click.echo(f"the Python side carries it: bisecting whole commits (each candidate's own "
+               f"{whole.artifacts.package}/ with its compiled files)\n")
+    return dataclasses.replace(request, recipe=whole)
 
 
 @click.command()

@@ -98,4 +98,10 @@ def _echo_controls(entry: dict[str, Any]) -> None:
                    f"{part.get('message', '')}")
         if part.get("detail"):
             click.echo(render_server_detail(part["detail"]))
+    for row in (entry.get("suspects") or {}).get("settings") or []:
+        click.echo(f"\n== suspect {row['setting']} (batch invariance as the recipe has it): "
+                   f"divergent in {row['divergent']} of {row['conclusive']} conclusive "
+                   f"lifetimes ({', '.join(row['verdicts'])})")
+    for finding in (entry.get("suspects") or {}).get("findings") or []:
+        click.echo(f"suspects: {finding}")
     click.echo(f"\ncontrols: {'ok' if entry.get('ok') else entry.get('problem')}")

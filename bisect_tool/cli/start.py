@@ -42,6 +42,16 @@ from bisect_tool.request import ReleaseRequest, StartRequest
     "--run-timeout", type=Finite(min=0), default=0.0,
     help="Seconds before --run aborts (0: no limit)."
 )
+@click.option(
+    "--test-from", "test_from", default=None, metavar="REF",
+    help="With --run: take the --test-file files from this (newer) commit and put them into "
+    "every candidate's worktree before CMD runs (a regression test exists only from its fix "
+    "on); $BISECT_TEST_FROM names the exported folder.",
+)
+@click.option(
+    "--test-file", "test_files", multiple=True, metavar="PATH",
+    help="With --test-from: a test file (or folder) at REF, as `git show REF:PATH` names it.",
+)
 @click.option("--path", "paths", multiple=True, help="Only commits touching these paths.")
 @click.option(
     "--mainline", default=None, metavar="REF",
@@ -129,6 +139,8 @@ def start(
     recipe_name: str | None,
     run_command: str | None,
     run_timeout: float,
+    test_from: str | None,
+    test_files: tuple[str, ...],
     paths: tuple[str, ...],
     mainline: str | None,
     confidence: float | None,
@@ -164,6 +176,12 @@ def start(
     from bisect_tool import run
 
     _check_run_command(run_command)
+    if (test_from is None) != (not test_files):
+        raise UsageError("--test-from REF and --test-file PATH go together (the file(s) to take "
+                         "from REF)")
+    if test_from is not None and run_command is None:
+        raise UsageError("--test-from goes with --run CMD (the command that runs the test at "
+                         "each candidate)")
     if (pre or include_yanked or index_url) and not releases:
         raise UsageError("--pre, --include-yanked and --index-url go with --releases")
     if releases and paths:
@@ -213,6 +231,8 @@ def start(
         deterministic=deterministic,
         command=("bisect", *sys.argv[1:]),
         releases=release_request,
+        test_from=test_from,
+        test_files=test_files,
     )
     if dry_run:
         if locate_first:
@@ -226,7 +246,8 @@ def start(
         if locate_first:
             if recipe_obj is None:
                 raise UsageError("--locate needs --recipe (it boots the recipe's server)")
-            locate_before_bisect(recipe_obj, good, bad, repo, request, release_request, observer)
+            request = locate_before_bisect(recipe_obj, good, bad, repo, request,
+                                           release_request, observer)
         outcome = run.start(request, observer)
     print_outcome(outcome)
 

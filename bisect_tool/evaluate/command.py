@@ -13,6 +13,7 @@ from bisect_tool import runprobe
 from bisect_tool.errors import (
     AbortError,
 )
+from bisect_tool.newer_tests import ENV_FOLDER, NewerTests, ensure, place
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.worktrees import WorktreeError, confined, remove_stale_worktrees, worktree
 
@@ -45,10 +46,13 @@ class RunCommandEvaluator:
         state_dir: Path | None = None,
         session: str = "",
         progress: Progress | None = None,
+        test_from: NewerTests | None = None,
     ) -> None:
         from bisect_tool.children import Registry
 
         self.repo_path = repo_path
+        # --test-from: a newer commit's test files, put into each candidate's worktree
+        self.test_from = test_from
         self.command = command
         self.timeout_s = timeout_s or None
         # Each probe's group is recorded there and labelled with the session, so a `resume` or
@@ -78,6 +82,14 @@ class RunCommandEvaluator:
         from bisect_tool.labels import ENV_LIFETIME, ENV_SESSION
 
         env = {**os.environ, **confined(path), "BISECT_COMMIT": commit, ENV_LIFETIME: lifetime_id}
+        borrowed = ""
+        if self.test_from is not None:
+            tests = self.test_from
+            ensure(self.repo_path, tests.sha, tests.files, tests.folder)
+            placed = place(tests, path)
+            env[ENV_FOLDER] = str(tests.folder)
+            borrowed = (f" (with {', '.join(placed)} of {tests.ref} {tests.sha[:12]}, "
+                        f"from {tests.folder})")
         label = None
         if self.session:
             env[ENV_SESSION] = self.session
@@ -89,8 +101,8 @@ class RunCommandEvaluator:
             env=env,
             timeout_s=self.timeout_s,
             log=log,
-            log_header=f"== bisect --run at {commit} lifetime {lifetime_id} in {path}: "
-            f"{self.command}",
+            log_header=f"== bisect --run at {commit} lifetime {lifetime_id} in {path}"
+            f"{borrowed}: {self.command}",
             track=(
                 (lambda pgid: children.tracked(pgid, f"--run at {commit[:12]}"))
                 if children is not None

@@ -69,13 +69,16 @@ class OpEvaluator(_ArtifactEvaluator):
             return untestable(commit, lifetime_id, exc, started)
         artifacts_s = time.monotonic() - started
         self._announce(commit, artifacts_s)
-        path = next(iter(swap.files.values()))
+        path, *others = swap.files.values()
+        # the swap set's other extensions load beside the first (the MoE recipe's _moe_C ops)
+        also = [p for p in others if ".so" in p.name]
         probing = time.monotonic()
         # The gate and the op check each load the extension in a fresh interpreter (seconds
         # of torch import each): side by side, a candidate costs the longer of the two.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bisect-gate") as aside:
             gated = aside.submit(self._gate_result, swap)
-            result = self.op_probe.run_extension(path, self.env)
+            result = self.op_probe.run_extension(path, self.env, also) if also else (
+                self.op_probe.run_extension(path, self.env))
             gate = gated.result()
         detail: dict[str, Any] = {**result.detail, **swap_facts(swap)}
         detail["timing"] = {

@@ -166,7 +166,7 @@ def run_controls_task(
     swap = unpack_swap(shipped)
     evaluator = _node_evaluator(settings, probe, session, swap)
     # the recipe's control_attempts, as on a single host
-    entry = controls_runner(probe, evaluator, shipped.commit, {}).run()
+    entry = controls_runner(probe, evaluator, shipped.commit, {}, recipe_env=settings.env).run()
     entry["where"] = _where()
     return entry
 

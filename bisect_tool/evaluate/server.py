@@ -169,12 +169,19 @@ class ControlsRunner:
         tags: Mapping[str, Sequence[str]],
         attempts: int = 3,
         gpu_lease: Callable[[], AbstractContextManager[str | None]] | None = None,
+        suspects: Mapping[str, str] | None = None,
+        suspect_lifetimes: int = 2,
+        recipe_env: Mapping[str, str] | None = None,
     ) -> None:
         self.evaluator = evaluator
         self.commit = commit
         self.invariance_env = invariance_env
         self.tags = tags
         self.attempts = attempts
+        # [probe] suspects: settings to run the candidate under besides the recipe's own
+        self.suspects = dict(suspects or {})
+        self.suspect_lifetimes = suspect_lifetimes
+        self.recipe_env = dict(recipe_env or {})
         # None: a lifetime's slot, as the lifetimes lease them
         self.gpu_lease = gpu_lease
 
@@ -211,21 +218,38 @@ class ControlsRunner:
             if result.positive_ok or result.could_not_run:
                 break
         assert result is not None
+        suspects = None
+        if self.suspects and not result.could_not_run:
+            suspects = self._suspects(swap)
         return dict(entries.controls(
             self.commit, result.ok, result.problem, result.to_detail(), attempts=tried,
-            untestable=result.could_not_run,
+            untestable=result.could_not_run, suspects=suspects,
         ))
+
+    def _suspects(self, swap: SwapSet) -> dict[str, Any]:
+        """The candidate under each suspect setting, the invariance switch as the recipe
+        sets it: which settings show divergence (``probes.controls.suspect_findings``)."""
+        from bisect_tool.probes.controls import run_suspects, suspect_findings
+
+        def boot(env: Mapping[str, str], label: str) -> AbstractContextManager[ServerHandle]:
+            lid = f"suspect-{short(self.commit)}-{label}"
+            return self.evaluator.boot(swap, lid, env, gpu_lease=self.gpu_lease)
+
+        results = run_suspects(self.evaluator.probe_factory, boot, self.suspects,
+                               self.suspect_lifetimes)
+        return suspect_findings(results, self.recipe_env, short(self.commit))
 
 
 # -- built the same way on every backend ----------------------------------------------------
 
 
 def server_probe_factory(probe: ProbeSettings, model: str | None) -> Callable[[bool], Any]:
-    """(sequential) -> the determinism probe of one lifetime (sequential: the negative control)."""
-    from bisect_tool.probes.server import ServerDeterminismProbe
+    """(sequential) -> the determinism probe of one lifetime (sequential: the negative control),
+    of the recipe's ``[probe] mode``."""
+    from bisect_tool.probes.batch_sizes import server_probe
 
     def factory(sequential: bool) -> Any:
-        return ServerDeterminismProbe(probe, model=model, sequential=sequential)
+        return server_probe(probe, model=model, sequential=sequential)
 
     return factory
 
@@ -261,10 +285,13 @@ def server_evaluator(
 def controls_runner(
     probe: ProbeSettings, evaluator: Any, commit: str, tags: Mapping[str, Sequence[str]],
     gpu_lease: Callable[[], AbstractContextManager[str | None]] | None = None,
+    recipe_env: Mapping[str, str] | None = None,
 ) -> ControlsRunner:
     """The positive and negative controls on ``commit``, as the recipe asks for them, on
-    ``gpu_lease``'s slots (None: the lifetimes')."""
+    ``gpu_lease``'s slots (None: the lifetimes'); and its suspects (``[probe] suspects``),
+    named against the settings the recipe's lifetimes run with (``recipe_env``)."""
     return ControlsRunner(
         evaluator, commit, probe.invariance_env, tags, attempts=probe.control_attempts,
-        gpu_lease=gpu_lease,
+        gpu_lease=gpu_lease, suspects=probe.suspects, suspect_lifetimes=probe.suspect_lifetimes,
+        recipe_env=recipe_env,
     )

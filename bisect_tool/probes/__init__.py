@@ -1,6 +1,8 @@
 """Probes stage: decides what one lifetime saw.
 
-- ``ServerDeterminismProbe`` (server.py): the concurrent repeat workload of vLLM issue 51187.
+- ``ServerDeterminismProbe`` (server.py): the concurrent repeat workload of vLLM issue 51187;
+  ``BatchSizeProbe`` (batch_sizes.py): vLLM's own bs=1 vs bs=N check (``[probe] mode``); what
+  both report apart from the verdict (apart.py: warm-up, prefix caching cold and warm).
 - ``run_controls`` / ``ControlsResult`` / ``gate`` (controls.py): positive and negative controls.
 - ``OpProbe`` (op.py, child script op_child.py): RMSNorm rows in 255- vs 300-row launches.
 - ``render_server_detail`` / ``render_op_detail`` (render.py): Markdown tables for the report.

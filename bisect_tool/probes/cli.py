@@ -72,6 +72,9 @@ def _complete_recipe(ctx: click.Context, param: click.Parameter, incomplete: str
 @click.option("--model", default=None, help="Model name for requests (default: /v1/models).")
 @click.option("--extension", type=click.Path(path_type=Path), metavar="PATH",
               help="Run the focused op check on this compiled extension (.so).")
+@click.option("--also-load", "also_load", multiple=True, type=click.Path(path_type=Path),
+              metavar="PATH", help="With --extension: another extension to load first (the "
+              "_moe_C_stable_libtorch.abi3.so of _moe_C:: ops).")
 @click.option("--python", "python", default=None, metavar="EXE",
               help="Interpreter with PyTorch for --extension (default: this one); numpy is "
               "enough when the recipe's op_abi is \"ctypes\".")
@@ -104,6 +107,7 @@ def probe_command(
     sequential: bool,
     model: str | None,
     extension: Path | None,
+    also_load: tuple[Path, ...],
     python: str | None,
     env_pairs: tuple[str, ...],
     commit: str | None,
@@ -146,7 +150,7 @@ def probe_command(
         result = _probe_server(server_url, settings, sequential, model)
     else:
         assert extension is not None
-        result = _probe_extension(extension, settings, python, parse_env(env_pairs))
+        result = _probe_extension(extension, settings, python, parse_env(env_pairs), also_load)
     if as_json:
         click.echo(json.dumps({"verdict": result.verdict.value, "message": result.message,
                                "detail": result.detail}, indent=2))
@@ -163,9 +167,9 @@ def _probe_server(
     url: str, settings: ProbeSettings, sequential: bool, model: str | None
 ) -> ProbeResult:
     check_server_url(url)
-    from bisect_tool.probes.server import ServerDeterminismProbe  # httpx only when needed
+    from bisect_tool.probes.batch_sizes import server_probe  # httpx only when needed
 
-    probe = ServerDeterminismProbe(settings, model=model, sequential=sequential)
+    probe = server_probe(settings, model=model, sequential=sequential)
     return probe.run(ServerHandle(url=url, lifetime_id="cli", log_path=Path(os.devnull)))
 
 
@@ -187,13 +191,15 @@ def check_server_url(url: str) -> None:
 
 
 def _probe_extension(
-    path: Path, settings: ProbeSettings, python: str | None, env: dict[str, str]
+    path: Path, settings: ProbeSettings, python: str | None, env: dict[str, str],
+    also: tuple[Path, ...] = (),
 ) -> ProbeResult:
-    if not path.is_file():
-        raise UsageError(f"--extension {path}: no such file; give the path of the .so to check")
+    for given in (path, *also):
+        if not given.is_file():
+            raise UsageError(f"{given}: no such file; give the path of the .so to check")
     from bisect_tool.probes.op import OpProbe
 
-    return OpProbe(settings, python=python).run_extension(path, env)
+    return OpProbe(settings, python=python).run_extension(path, env, also)
 
 
 # ---- --commit: one candidate through the same stages a bisect uses -------------------------------

@@ -11,6 +11,12 @@ From the seed thread (vLLM issue 51187) and the H200 measurements in vllm-facts.
 
 ``run_controls`` runs both (positive first); ``gate`` is the pure rule deciding what verdict may
 be reported for a lifetime given the controls.
+
+Suspects (``[probe] suspects``, issue 40): the same candidate with the invariance switch as the
+recipe sets it, under each value of a setting besides the recipe's own (``run_suspects``), and
+in words which values show divergence (``suspect_findings``): #51187's reporters saw their
+divergence go with ``VLLM_USE_FLASHINFER_SAMPLER=0``, and every run of this tool set it to 0,
+so nothing said whether the sampler or the kernels carried it.
 """
 
 from __future__ import annotations
@@ -120,6 +126,75 @@ def _in_lifetime(boot: Boot, env: Mapping[str, str], probe: ServerProbe) -> Prob
             return probe.run(server)
     except UntestableError as exc:
         return ProbeResult(Verdict.UNTESTABLE, {}, f"boot failed: {exc}")
+
+
+def suspect_values(suspects: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(setting, value) pairs to run, in the recipe's order: ``{"A": "0,1"}`` -> A=0, A=1."""
+    return [(key, value.strip()) for key, values in suspects.items()
+            for value in values.split(",") if value.strip()]
+
+
+def run_suspects(
+    probe_factory: ProbeFactory,
+    boot: Callable[[Mapping[str, str], str], AbstractContextManager[ServerHandle]],
+    suspects: Mapping[str, str],
+    lifetimes: int,
+) -> dict[str, list[ProbeResult]]:
+    """``lifetimes`` lifetimes of each suspect setting (``boot(env, label)``: one lifetime
+    with ``env`` over the recipe's, the switch left on), each probed concurrently; keyed
+    ``"KEY=VALUE"``. A boot that fails is an UNTESTABLE lifetime, never an exception."""
+    out: dict[str, list[ProbeResult]] = {}
+    for key, value in suspect_values(suspects):
+        setting = f"{key}={value}"
+        results = out.setdefault(setting, [])
+        for i in range(lifetimes):
+            try:
+                with boot({key: value}, f"{setting}-{i}") as server:
+                    results.append(probe_factory(False).run(server))
+            except UntestableError as exc:
+                results.append(ProbeResult(Verdict.UNTESTABLE, {}, f"boot failed: {exc}"))
+    return out
+
+
+def suspect_findings(
+    results: Mapping[str, list[ProbeResult]], recipe_env: Mapping[str, str], candidate: str
+) -> dict[str, object]:
+    """What the suspects showed, as plain values and in words (pure): per setting the
+    lifetimes that diverged, and per variable which values show divergence on ``candidate``,
+    naming the value this run's lifetimes used (``recipe_env``; unset when it sets none)."""
+    settings = []
+    by_key: dict[str, list[tuple[str, int, int]]] = {}
+    for setting, runs in results.items():
+        key, _, value = setting.partition("=")
+        divergent = sum(r.verdict is Verdict.DIVERGENT for r in runs)
+        conclusive = sum(r.verdict in (Verdict.DIVERGENT, Verdict.CLEAN) for r in runs)
+        settings.append({"setting": setting, "divergent": divergent, "conclusive": conclusive,
+                         "lifetimes": len(runs),
+                         "verdicts": [r.verdict.value for r in runs],
+                         "messages": [r.message for r in runs]})
+        by_key.setdefault(key, []).append((value, divergent, conclusive))
+    findings = []
+    for key, rows in by_key.items():
+        ran = recipe_env.get(key)
+        seen = "; ".join(
+            f"{key}={v}"
+            + (" (the setting this run used)" if v == ran else "")
+            + f": divergent in {d} of {c} conclusive lifetimes" for v, d, c in rows)
+        showing = [v for v, d, _ in rows if d]
+        clean = [v for v, d, c in rows if not d and c]
+        if showing and clean:
+            words = (f"on {candidate} only {', '.join(f'{key}={v}' for v in showing)} shows "
+                     "divergence: this setting decides whether it shows")
+        elif showing:
+            words = (f"on {candidate} every value shows divergence: {key} is not what "
+                     "carries it")
+        elif clean:
+            words = f"on {candidate} no value of {key} shows divergence"
+        else:
+            words = f"on {candidate} no lifetime of {key}'s values was conclusive"
+        how = f"this run used {key}={ran}" if ran is not None else f"this run left {key} unset"
+        findings.append(f"{seen}; {words} ({how})")
+    return {"candidate": candidate, "settings": settings, "findings": findings}
 
 
 def may_report_clean(controls: ControlsResult | None, require_controls: bool = True) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +52,17 @@ def summarize_cases(cases: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 def op_verdict(summary: Mapping[str, Any]) -> tuple[Verdict, str]:
     if summary["total"] == 0:
         return Verdict.UNTESTABLE, "no op case ran"
+    absent = summary.get("not_registered") or []
+    failed = summary.get("not_checked") or {}
+    unchecked = f"; not registered here: {', '.join(absent)}" if absent else ""
+    unchecked += f"; could not be checked: {', '.join(failed)}" if failed else ""
     if summary["differing"]:
         parts = [f"{g['op']} {g['dtype']} h{g['hidden']}: {g['differing']}/{g['total']}"
                  for g in summary["groups"] if g["differing"]]
-        return Verdict.DIVERGENT, "rows differ between launch sizes: " + ", ".join(parts)
-    return Verdict.CLEAN, f"all {summary['total']} cases bitwise identical across launch sizes"
+        return Verdict.DIVERGENT, ("rows differ between launch sizes: " + ", ".join(parts)
+                                   + unchecked)
+    return Verdict.CLEAN, (f"all {summary['total']} cases bitwise identical across launch "
+                           f"sizes{unchecked}")
 
 
 class OpProbe:
@@ -81,13 +87,15 @@ class OpProbe:
         self.timeout_s = timeout_s
         self.device = device
 
-    def command(self, path: Path) -> list[str]:
+    def command(self, path: Path, also: Sequence[Path] = ()) -> list[str]:
         s = self.settings
+        more = ["--also-load", *map(str, also)] if also else []
         return [
             self.python, str(CHILD_SCRIPT), "--json",
             "--library", str(path),
             "--namespace", s.op_namespace,
             "--ops", *s.ops,
+            *(["--optional-ops", *s.optional_ops] if s.optional_ops else []),
             "--dtypes", *s.dtypes,
             "--hidden", *(str(h) for h in s.hidden_sizes),
             "--seeds", str(s.seeds),
@@ -97,12 +105,19 @@ class OpProbe:
             # torch: a vLLM extension in torch.ops; ctypes: a C library declaring the same op
             # schemas (the demo's _kernels.so), checked with no torch in the child.
             "--abi", s.op_abi,
+            *more,
         ]
 
-    def run_extension(self, path: Path, env: Mapping[str, str] | None = None) -> ProbeResult:
+    def run_extension(
+        self, path: Path, env: Mapping[str, str] | None = None, also: Sequence[Path] = ()
+    ) -> ProbeResult:
+        """The op check on ``path``, with ``also`` (the swap set's other extensions: the
+        ``_moe_C::`` ops live in ``_moe_C_stable_libtorch``) loaded beside it."""
         path = Path(path)
         detail: dict[str, Any] = {"library": str(path), "python": self.python,
                                   "env": dict(env or {})}
+        if also:
+            detail["also_loaded"] = [str(a) for a in also]
         if not path.is_file():
             return ProbeResult(Verdict.UNTESTABLE, detail, f"extension file not found: {path}")
         from bisect_tool.runprobe import run_group
@@ -112,7 +127,7 @@ class OpProbe:
             # its own process group, ended whole when it returns: subprocess.run waited for EOF
             # on the pipes, which a background child of the extension could hold open for ever
             ran = run_group(
-                self.command(path), env=child_env, timeout_s=self.timeout_s,
+                self.command(path, also), env=child_env, timeout_s=self.timeout_s,
                 merge_stderr=False, tail_bytes=_OUTPUT_CAP,
             )
         except FileNotFoundError:
@@ -129,13 +144,16 @@ class OpProbe:
                 Verdict.UNTESTABLE, {**detail, "returncode": ran.code},
                 f"op check exited {ran.code} without a result: {tail}",
             )
-        detail.update({k: report.get(k) for k in ("torch", "abi", "rng", "device", "env")
+        detail.update({k: report.get(k) for k in ("torch", "abi", "rng", "device", "env",
+                                                  "schemas", "not_registered", "not_checked")
                        if k in report})
         if report.get("error"):
             detail["error"] = report["error"]
             return ProbeResult(Verdict.UNTESTABLE, detail,
                                f"{report['error']}; fix: {report.get('fix', '')}")
         summary = summarize_cases(report["cases"])
+        summary["not_registered"] = list(report.get("not_registered") or [])
+        summary["not_checked"] = dict(report.get("not_checked") or {})
         detail.update(summary)
         detail["row_counts"] = list(self.settings.row_counts)
         verdict, message = op_verdict(summary)

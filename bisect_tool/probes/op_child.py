@@ -28,7 +28,25 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
+
+
+def load_op_cases() -> ModuleType:
+    """``op_cases.py`` beside this script, loaded by its path: the script stands alone
+    (``python -I op_child.py``: no package, no script folder on sys.path)."""
+    import importlib.util
+
+    name = "bisect_op_cases"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(os.path.dirname(os.path.abspath(__file__)), "op_cases.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
 
 
 def compare_rows(a: Any, b: Any) -> tuple[bool, float]:
@@ -91,8 +109,9 @@ def _compare_flat(a: array.array, b: array.array) -> tuple[bool, float]:
 
 
 def _host(t: Any) -> Any:
-    """A CPU copy for ``compare_rows``: numpy when it is there (bf16 widened to fp32, which is
-    exact, so bitwise equality is kept), else the tensor itself."""
+    """A CPU copy for ``compare_rows``: numpy when it is there (bf16 and the fp8 types, which
+    numpy lacks, widened to fp32, which is exact, so bitwise equality is kept), else the tensor
+    itself."""
     t = t.detach().cpu()
     try:
         import numpy  # noqa: F401
@@ -100,7 +119,8 @@ def _host(t: Any) -> Any:
         return t
     import torch
 
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    narrow = t.dtype == torch.bfloat16 or (t.is_floating_point() and t.element_size() == 1)
+    return (t.float() if narrow else t).numpy()
 
 
 def _run_case(torch: Any, op: Any, name: str, dtype: Any, hidden: int, seed: int,
@@ -138,31 +158,41 @@ def _run_case(torch: Any, op: Any, name: str, dtype: Any, hidden: int, seed: int
 CaseRunner = Callable[[str, str, int, int], tuple[bool, float]]
 
 
+RMS_NORM_PAIR = ("rms_norm", "fused_add_rms_norm")
+
+
 def _run_cases(args: argparse.Namespace, report: dict[str, Any], ops: list[str],
-               run_case: CaseRunner, label: Callable[[str], str], device: str) -> int:
+               run_case: CaseRunner, label: Callable[[str], str], device: str,
+               checked: tuple[str, ...] = RMS_NORM_PAIR) -> int:
     """Every (op, dtype, hidden, seed) case into ``report["cases"]``; 2 with the report's
     ``error`` and ``fix`` at the first op without a check or the first case that raised."""
+    optional = set(getattr(args, "optional_ops", None) or ())
     for name in ops:
-        if name not in ("rms_norm", "fused_add_rms_norm"):
-            report["error"] = f"no check is defined for op '{name}'"
-            report["fix"] = "use rms_norm or fused_add_rms_norm"
+        if name.split("::", 1)[-1] not in checked:
+            report["error"] = f"no check is defined for op '{name}' here"
+            report["fix"] = f"use {', '.join(checked)}"
             return 2
-        for dtype_name in args.dtypes:
-            for hidden in args.hidden:
-                for seed in range(args.seeds):
-                    try:
-                        equal, diff = run_case(name, dtype_name, hidden, seed)
-                    except Exception as exc:  # schema mismatch, no kernel for the device...
-                        report["error"] = (
-                            f"{label(name)} failed ({dtype_name}, hidden {hidden}, {device}): "
-                            f"{type(exc).__name__}: {exc}"
-                        )[:2000]
-                        report["fix"] = "check the op schema of this commit and the device"
-                        return 2
-                    report["cases"].append({
-                        "op": name, "dtype": dtype_name, "hidden": hidden, "seed": seed,
-                        "equal": equal, "max_abs_diff": diff if math.isfinite(diff) else None,
-                    })
+        cases = [(d, h, s) for d in args.dtypes for h in args.hidden for s in range(args.seeds)]
+        done: list[dict[str, Any]] = []
+        for dtype_name, hidden, seed in cases:
+            try:
+                equal, diff = run_case(name, dtype_name, hidden, seed)
+            except Exception as exc:  # schema mismatch, no kernel for the device...
+                why = (f"{label(name)} failed ({dtype_name}, hidden {hidden}, {device}): "
+                       f"{type(exc).__name__}: {exc}")[:2000]
+                if name in optional:
+                    # an op checked where it can be: named, its cases left out, the rest stands
+                    report.setdefault("not_checked", {})[name] = why
+                    done = []
+                    break
+                report["error"] = why
+                report["fix"] = "check the op schema of this commit and the device"
+                return 2
+            done.append({
+                "op": name, "dtype": dtype_name, "hidden": hidden, "seed": seed,
+                "equal": equal, "max_abs_diff": diff if math.isfinite(diff) else None,
+            })
+        report["cases"] += done
     return 0
 
 
@@ -187,28 +217,46 @@ def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     report["device"] = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
-    try:
-        torch.ops.load_library(args.library)
-    except Exception as exc:  # any failure to load is the extension's, reported not raised
-        report["error"] = f"cannot load {args.library}: {type(exc).__name__}: {exc}"[:2000]
-        report["fix"] = "check the extension matches this PyTorch (ABI) and CUDA runtime"
-        return 2, report
-    namespace = getattr(torch.ops, args.namespace)
-    ops = {}
-    for name in args.ops:
+    for library in [args.library, *args.also_load]:
         try:
-            ops[name] = getattr(namespace, name)
+            torch.ops.load_library(library)
+        except Exception as exc:  # any failure to load is the extension's, reported not raised
+            report["error"] = f"cannot load {library}: {type(exc).__name__}: {exc}"[:2000]
+            report["fix"] = "check the extension matches this PyTorch (ABI) and CUDA runtime"
+            return 2, report
+    report["also_loaded"] = list(args.also_load)
+    ops = {}
+    report["not_registered"] = []
+    for name in [*args.ops, *args.optional_ops]:
+        # "_moe_C::moe_sum" names its namespace; a bare name is in the recipe's op_namespace
+        namespace, _, bare = name.rpartition("::")
+        namespace = namespace or args.namespace
+        try:
+            ops[name] = getattr(getattr(torch.ops, namespace), bare)
         except (AttributeError, RuntimeError):
-            report["error"] = f"the extension registers no torch.ops.{args.namespace}.{name}"
+            if name in args.optional_ops:  # checked where the candidate registers it
+                report["not_registered"].append(name)
+                continue
+            report["error"] = f"the extension registers no torch.ops.{namespace}.{bare}"
             report["fix"] = "check the recipe's op names and namespace for this commit"
             return 2, report
 
     def run_case(name: str, dtype_name: str, hidden: int, seed: int) -> tuple[bool, float]:
-        return _run_case(torch, ops[name], name, getattr(torch, dtype_name), hidden, seed,
-                         tuple(args.rows), args.eps, device)
+        dtype = getattr(torch, dtype_name)
+        if name.split("::", 1)[-1] in RMS_NORM_PAIR:
+            return _run_case(torch, ops[name], name, dtype, hidden, seed, tuple(args.rows),
+                             args.eps, device)
+        # the quantized RMSNorm ops and the MoE ops: planned from the schema it registers
+        op_cases = load_op_cases()
+        schema = str(ops[name].default._schema)
+        report.setdefault("schemas", {})[name] = schema
+        return op_cases.run_schema_case(torch, ops[name], name, schema, dtype, hidden, seed,
+                                        tuple(args.rows), args.eps, device, compare_rows, _host)
 
     code = _run_cases(args, report, list(ops), run_case,
-                      lambda name: f"torch.ops.{args.namespace}.{name}", device)
+                      lambda name: f"torch.ops.{args.namespace}.{name}" if "::" not in name
+                      else f"torch.ops.{name.replace('::', '.')}", device,
+                      checked=(*RMS_NORM_PAIR, *sorted(load_op_cases().CHECKED)))
     return code, report
 
 
@@ -401,11 +449,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--library", required=True)
+    p.add_argument("--also-load", nargs="*", default=[],
+                   help="more libraries to load first (torch): the swap set's other extensions, "
+                   "e.g. _moe_C_stable_libtorch.abi3.so for _moe_C:: ops")
     p.add_argument("--abi", choices=["torch", "ctypes"], default="torch",
                    help="how the ops are called: torch.ops (a vLLM extension) or ctypes (a C "
                    "library declaring the same schemas, float32 rows; no torch)")
     p.add_argument("--namespace", default="_C")
     p.add_argument("--ops", nargs="+", default=["rms_norm", "fused_add_rms_norm"])
+    p.add_argument("--optional-ops", nargs="*", default=[],
+                   help="ops checked where the extension registers them (torch)")
     p.add_argument("--dtypes", nargs="+", default=["float16"])
     p.add_argument("--hidden", nargs="+", type=int, default=[512, 4096])
     p.add_argument("--seeds", type=int, default=16)

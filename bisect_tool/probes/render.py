@@ -72,6 +72,16 @@ def render_server_detail(detail: Mapping[str, Any]) -> str:
         ("target co-residency", d.get("target_coresidency") or "none (sequential)"),
         ("repeats redone", d.get("redone_repeats")),
     ]
+    if d.get("comparison") == "bs1-vs-bsN":
+        rows[3:6] = [
+            ("compared", f"each prompt alone vs in batches of "
+                         f"{', '.join(map(str, d.get('batch_sizes') or []))}"
+                         + (f" ({d['needles']} needles)" if d.get("needles") else "")),
+            ("prompts that differed alone vs batched",
+             " ".join(map(str, d.get("differing_prompts") or [])) or "none"),
+            ("batch passes", d.get("repeats")),
+        ]
+    rows += _apart_rows(d)
     if d.get("step_overruns"):
         rows.append(("ran slower than modelled", f"{d['step_overruns']} engine steps overran"))
     if d.get("late_arrivals"):
@@ -80,6 +90,26 @@ def render_server_detail(detail: Mapping[str, Any]) -> str:
     if d.get("gate_reason"):
         rows.append(("gated", d["gate_reason"]))
     return _table(["", "value"], rows)
+
+
+def _apart_rows(d: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """What the probe reported apart from its verdict: the first requests after start-up
+    (vLLM #33537) and prefix caching cold against warm (#40896, #42019)."""
+    rows: list[tuple[str, Any]] = []
+    warm = d.get("warmup")
+    if isinstance(warm, Mapping):
+        n = len(warm.get("differing") or [])
+        rows.append(("first requests after start-up (not counted)",
+                     f"{n} of {warm.get('requests')} differed from themselves later"
+                     if n else f"all {warm.get('requests')} the same later"))
+    cache = d.get("prefix_cache")
+    if isinstance(cache, Mapping):
+        hits = cache.get("hit_tokens")
+        seen = ("differs" if cache.get("differs") else "the same") + (
+            "" if hits is None else f", {hits} tokens from the cache"
+            + (" (prefix caching off)" if hits == 0 else ""))
+        rows.append(("a prompt cold vs warm in the prefix cache (not counted)", seen))
+    return rows
 
 
 def _op_runtime(detail: Mapping[str, Any]) -> str:
@@ -103,4 +133,10 @@ def render_op_detail(detail: Mapping[str, Any]) -> str:
             f"{detail.get('device', '?')}, env {detail.get('env', {})})")
     if not rows:
         return head + "\n\nno cases ran" + (f": {detail['error']}" if detail.get("error") else "")
-    return head + "\n\n" + _table(["op", "dtype", "hidden", "differing", "max abs diff"], rows)
+    absent = detail.get("not_registered") or []
+    tail = f"\n\nNot registered by this extension (not checked): {', '.join(absent)}" if absent \
+        else ""
+    for op, why in (detail.get("not_checked") or {}).items():
+        tail += f"\n\nCould not be checked: {op}: {_cell(why)}"
+    return head + "\n\n" + _table(["op", "dtype", "hidden", "differing", "max abs diff"],
+                                    rows) + tail

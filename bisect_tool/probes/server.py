@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from bisect_tool.interfaces import ProbeResult, ServerHandle
+from bisect_tool.probes.apart import notes, pairs_apart
 from bisect_tool.probes.compare import (
     ResponseFormatError,
     Sample,
@@ -46,12 +47,14 @@ from bisect_tool.probes.metrics import (
 )
 from bisect_tool.probes.monitor import MetricsMonitor
 from bisect_tool.probes.server_verdict import decide, target_coresidency, validate_settings
-from bisect_tool.probes.workload import Workload, build_workload, request_body
+from bisect_tool.probes.workload import Workload, build_workload, fresh_prompt, request_body
 from bisect_tool.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 #: the request's intended arrival (CLOCK_MONOTONIC seconds, shared by the processes of a host)
 ARRIVAL_HEADER = "X-Bisect-Arrival"
+#: vLLM's counter of prompt tokens served from the prefix cache (its family name)
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 
 class _RepeatFailed(Exception):
     """A request failed in a way that may be transient: the repeat is invalid, not the lifetime."""
@@ -170,10 +173,12 @@ class ServerDeterminismProbe:
         s = self.settings
         model = self.model or await self._resolve_model(client, url, is_alive)
         detail["model"] = model
+        detail["comparison"] = "repeats"
         bodies = [request_body(p, model, s.max_tokens, s.logprobs) for p in self.workload.prompts]
         repeats: list[list[Sample]] = []
         peaks: list[int | None] = []
         steps: list[StepBucket | None] = []
+        first = await self._first_after_start(client, slots, url, bodies, is_alive, detail)
         with MetricsMonitor(url, self.poll_interval_s) as monitor:
             # The priming pass is byte-identical traffic whose output is discarded: in the seed
             # it removed a separate first-batch effect, so repeat 0 is not the server's first
@@ -189,6 +194,7 @@ class ServerDeterminismProbe:
                 repeats.append(samples)
                 peaks.append(peak)
                 steps.append(step)
+        await self._apart(client, slots, url, bodies, first, is_alive, detail)
         comparison = compare_repeats(repeats)
         detail.update(comparison.to_detail())
         detail["coresidency_per_repeat"] = peaks
@@ -201,12 +207,104 @@ class ServerDeterminismProbe:
         detail["metrics_samples"] = monitor.samples
         detail.update(await self._device_clock(client, url))
         verdict, message = decide(comparison, peaks, self.target)
-        if detail["late_arrivals"]:
-            message += (
-                f"; {detail['late_arrivals']} requests reached the engine after the step they "
-                "arrived for had formed: how steps formed depended on this machine's speed"
-            )
-        return verdict, message
+        return verdict, message + self._notes(detail)
+
+    def _notes(self, detail: dict[str, Any]) -> str:
+        return notes(detail)
+
+    # -- reported apart: the first requests after start-up, prefix caching cold and warm ------
+
+    async def _one_by_one(
+        self,
+        client: httpx.AsyncClient,
+        slots: Sequence[httpx.AsyncClient],
+        url: str,
+        bodies: Sequence[bytes],
+        label: str,
+        is_alive: Callable[[], bool] | None,
+        detail: dict[str, Any],
+    ) -> list[Sample]:
+        """``bodies`` sent one at a time, each once the previous one answered (batch size 1);
+        a transient failure sends them again, up to ``max_attempts`` times."""
+        reason = ""
+        for _ in range(self.max_attempts):
+            if is_alive is not None and not is_alive():
+                raise _Untestable(f"server process exited before {label}")
+            try:
+                return [await self._send(slots[i % len(slots)], url, body, None)
+                        for i, body in enumerate(bodies)]
+            except _RepeatFailed as exc:
+                reason = str(exc)
+                detail["redone_repeats"] += 1
+                detail["redo_reasons"].append(f"{label}: {reason}")
+                dead = await self._dead(client, url, is_alive)
+                if dead:
+                    raise _Untestable(f"server failed during {label} ({reason}); {dead}") from None
+        raise _Untestable(
+            f"{label} failed {self.max_attempts} times on a live server; last: {reason}"
+        )
+
+    async def _first_after_start(
+        self,
+        client: httpx.AsyncClient,
+        slots: Sequence[httpx.AsyncClient],
+        url: str,
+        bodies: Sequence[bytes],
+        is_alive: Callable[[], bool] | None,
+        detail: dict[str, Any],
+    ) -> list[Sample]:
+        """The first ``warmup_requests`` prompts alone, before anything else reaches the
+        server: what a compiled server answers while it warms up (vLLM #33537)."""
+        n = min(self.settings.warmup_requests, len(bodies))
+        if n == 0:
+            return []
+        return await self._one_by_one(client, slots, url, bodies[:n], "the warm-up requests",
+                                      is_alive, detail)
+
+    async def _apart(
+        self,
+        client: httpx.AsyncClient,
+        slots: Sequence[httpx.AsyncClient],
+        url: str,
+        bodies: Sequence[bytes],
+        first: Sequence[Sample],
+        is_alive: Callable[[], bool] | None,
+        detail: dict[str, Any],
+    ) -> None:
+        """After the workload: the warm-up requests alone again, compared with their first
+        answers (``detail["warmup"]``); and, where the recipe asks, a prompt never sent before,
+        alone twice: prefix caching cold, then warm (``detail["prefix_cache"]``). Neither
+        changes the verdict: they are what a maintainer must not mistake for the bug."""
+        if first:
+            later = await self._one_by_one(client, slots, url, bodies[: len(first)],
+                                           "the warm-up requests again", is_alive, detail)
+            detail["warmup"] = pairs_apart(first, later, "requests")
+        if not self.settings.prefix_cache_check:
+            return
+        s = self.settings
+        prompt = fresh_prompt(s.prefix_tokens + s.prompt_tokens, s.vocab_size, s.seed)
+        body = request_body(prompt, str(detail.get("model") or ""), s.max_tokens, s.logprobs)
+        before = await self._counter(client, url, PREFIX_CACHE_HITS)
+        cold, warm = await self._one_by_one(client, slots, url, [body, body],
+                                            "the prefix-cache check", is_alive, detail)
+        after = await self._counter(client, url, PREFIX_CACHE_HITS)
+        found = pairs_apart([cold], [warm], "prompts")
+        detail["prefix_cache"] = {
+            "prompt_tokens": len(prompt),
+            "differs": bool(found["differing"]),
+            "max_abs_logprob_delta": found["max_abs_logprob_delta"],
+            "tokens_moved": found["tokens_moved"],
+            # None: the server does not count them; 0: prefix caching is off there, so cold
+            # and warm were the same computation
+            "hit_tokens": None if before is None or after is None else int(after - before),
+        }
+
+    async def _counter(self, client: httpx.AsyncClient, url: str, name: str) -> float | None:
+        try:
+            resp = await client.get(url + "/metrics", timeout=10.0)
+            return parse(resp.text).value(name) if resp.status_code == 200 else None
+        except (httpx.HTTPError, MetricsFormatError):
+            return None
 
     async def _device_clock(
         self, client: httpx.AsyncClient, url: str
@@ -250,7 +348,8 @@ class ServerDeterminismProbe:
             before = await asyncio.to_thread(monitor.snapshot)
             monitor.begin()
             try:
-                samples = await self._pass(slots, url, bodies, self._delays(label, attempt))
+                delays = self._delays(label, attempt)[: len(bodies)]
+                samples = await self._pass(slots, url, bodies, delays)
             except _RepeatFailed as exc:
                 monitor.end()
                 reason = str(exc)
@@ -386,4 +485,7 @@ def _step_detail(bucket: StepBucket | None) -> list[float | str] | None:
 
 
 def _name(label: str | int) -> str:
-    return "the priming pass" if label == "priming" else f"repeat {label}"
+    if label == "priming":
+        return "the priming pass"
+    return f"repeat {label}" if isinstance(label, int) else label
+

@@ -58,6 +58,15 @@ def build_workload(
     return Workload(prompts=shared + filler, shared=requests)
 
 
+def fresh_prompt(tokens: int, vocab_size: int, seed: int) -> tuple[int, ...]:
+    """A prompt of ``tokens`` ids that no workload of this seed holds (its own generator): the
+    prefix-cache check sends it cold, then warm."""
+    rng = random.Random(f"bisect-cache-check:{seed}")
+    high = max(vocab_size - _HIGH_MARGIN, _LOW_ID + 1)
+    low = min(_LOW_ID, high - 1)
+    return tuple(rng.randrange(low, high) for _ in range(max(tokens, 1)))
+
+
 def request_body(
     prompt: tuple[int, ...], model: str, max_tokens: int, logprobs: int
 ) -> bytes:

@@ -49,7 +49,12 @@ def controls(contents: JournalContents, commits: Sequence[Mapping[str, Any]],
     switch = str(probe.get("invariance_env") or "VLLM_BATCH_INVARIANT")
     others = {k: v for k, v in (runtime.get("env") or {}).items() if k != switch}
     shared = bool(positive["lifetime_id"]) and positive["lifetime_id"] == negative["lifetime_id"]
+    # [probe] suspects: which settings showed divergence, in words (probes.controls); only
+    # where the run had them, so earlier reports stay as they were
+    suspects = [no_local_paths(rename(str(f), commits))
+                for f in (last.get("suspects") or {}).get("findings") or []]
     return {
+        **({"suspects": suspects} if suspects else {}),
         "ok": bool(last.get("ok", positive["verdict"] == "DIVERGENT"
                             and negative["verdict"] == "CLEAN")),
         "problem": no_local_paths(rename(one_line(str(last.get("problem") or "")), commits)),

@@ -295,6 +295,8 @@ def _controls_section(report: Mapping[str, Any]) -> list[str]:
                  f"**{c['positive']['verdict']}**{details_mod.seen_words(c['positive'])}")
     lines.append(f"- Negative: the same requests one at a time: "
                  f"**{c['negative']['verdict']}**{details_mod.seen_words(c['negative'])}")
+    for finding in c.get("suspects") or []:
+        lines.append(f"- Suspect, with batch invariance as every lifetime had it: {esc(finding)}")
     for r in c.get("refused") or []:
         lines.append(f"- {code(r['candidate'])} could not run them: {esc(r['why'])}")
     if not c["positive_diverged"]:

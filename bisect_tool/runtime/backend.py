@@ -109,7 +109,11 @@ class Backend(abc.ABC, Generic[L]):
 
     def check_compatible(self, swap: SwapSet) -> None:
         """Raise ``IncompatibleExtension`` naming the op when the swap set's extensions
-        register op schemas that differ from the pinned stack's (each swap set asked once)."""
+        register op schemas that differ from the pinned stack's (each swap set asked once).
+        A candidate that brings its own Python side (``SwapSet.whole_packages``) calls its own
+        ops: nothing to gate."""
+        if swap.whole_packages:
+            return
         key = schemas.gate_key(swap)
         with self._lock:
             turn = self._gate_locks.setdefault(key, threading.Lock())

@@ -200,7 +200,8 @@ class LocalBackend(Backend[_Server]):
         tag = f"{spec.session}-{spec.lifetime_id}"
         with (
             sigterm_raises(),
-            overlay(spec.swap.files, self.package_dir, tag=tag, parent=self.overlay_parent) as root,
+            overlay(spec.swap.files, self.package_dir, tag=tag, parent=self.overlay_parent,
+                    whole=spec.swap.whole_packages) as root,
         ):
 
             def launch(port: int) -> _Server:

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 from bisect_tool.errors import RecipeError
@@ -65,10 +65,13 @@ def overlay(
     *,
     tag: str,
     parent: Path | None = None,
+    whole: Collection[str] = (),
 ) -> Iterator[Path]:
     """A temp install root holding the mirrored packages of ``files``; removed on exit.
 
-    ``package_dir(pkg)`` gives the pinned directory of top-level package ``pkg``.
+    ``package_dir(pkg)`` gives the pinned directory of top-level package ``pkg``. A package in
+    ``whole`` is not mirrored: ``files`` hold all of it (a candidate's own Python side), so a
+    module the candidate lacks is not taken from the pinned one.
     """
     by_package: dict[str, dict[str, Path]] = {}
     for rel, cached in files.items():
@@ -81,7 +84,7 @@ def overlay(
     try:
         for pkg, swapped in by_package.items():
             target = root / pkg if pkg else root
-            if pkg:
+            if pkg and pkg not in whole:
                 _mirror(package_dir(pkg), target, set(swapped))
             for rest, cached in swapped.items():
                 dest = target / rest

@@ -36,7 +36,12 @@
 # RELEASES_ONLY (a space-separated subset of the ten, for a shorter range), PER_GPU (2: lifetimes
 # sharing the GPU; each server is then told its KV cache size, 3 GiB, the
 # seed's 27,744 tokens, so it skips vLLM's free-memory profile and boots beside the other; and
-# the controls' server gets a slot of its own beside them: [runtime] controls_own_slot).
+# the controls' server gets a slot of its own beside them: [runtime] controls_own_slot),
+# RECIPE (batch-invariance: the bundled recipe the runs use, completed for this machine; another
+# one's runs keep their own state, times and journals, named with its suffix, e.g.
+# state-tiered-compiled for batch-invariance-compiled: scripts/gpu/issue40.sh), SUSPECTS (0: its
+# [probe.suspects] are dropped; FlashInfer is not carried, so VLLM_USE_FLASHINFER_SAMPLER=1 would
+# run the same PyTorch sampler as 0, at two lifetimes a value).
 set -euo pipefail
 DEV=${DEV:-/tmp/dev}
 CARRY=${CARRY:-.devcarry}
@@ -46,6 +51,9 @@ GOOD=${GOOD:-0.28.0}
 PER_GPU=${PER_GPU:-2}
 BAD=${BAD:-0.22.0}
 PY=${PY:-python3}
+RECIPE=${RECIPE:-batch-invariance}
+TAG=${RECIPE#batch-invariance}  # "" for the seed's recipe, "-compiled" for its compiled twin
+SUSPECTS=${SUSPECTS:-0}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$DEV" "$OUT"
 export BISECT_CACHE_DIR=${BISECT_CACHE_DIR:-$DEV/cache}
@@ -98,7 +106,9 @@ sha_ok() {  # FILE SHA
   [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
 }
 recipe() {  # the bundled recipe completed for this machine
-  local f=$DEV/batch-invariance-range.toml gate=""
+  local f=$DEV/$RECIPE-range.toml gate="" drop=()
+  # FlashInfer is not carried: without it both sampler settings run PyTorch's sampler
+  [ "$SUSPECTS" = 1 ] || drop=(-e '/^\[probe\.suspects\]/,/^$/d')
   if [ -n "${GATE_OPS:-}" ]; then
     local ops; read -ra ops <<<"$GATE_OPS"
     gate="gate_ops = [$(printf '"%s", ' "${ops[@]}" | sed 's/, $//')]"
@@ -116,14 +126,14 @@ recipe() {  # the bundled recipe completed for this machine
   sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $PER_GPU\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
       -e "s|^  \"--skip-tokenizer-init\",|  \"--skip-tokenizer-init\",$share|" \
       -e "/^\[runtime\.env\]/,/^\[/ s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
-      -e "s|^weights = \"random:models/qwen3-0.6b\"|weights = \"random:$PWD/bisect_tool/recipes/models/qwen3-0.6b\"|" \
-      bisect_tool/recipes/batch-invariance.toml >"$f"
+      -e "s|^weights = \"random:models/\(.*\)\"|weights = \"random:$PWD/bisect_tool/recipes/models/\1\"|" \
+      "${drop[@]}" bisect_tool/recipes/"$RECIPE".toml >"$f"
   grep -q "^pinned_package_dir = \"$DEV/site\"" "$f" || { log "recipe: the bundled recipe changed; fix the sed in recipe()"; exit 2; }
   # The sampler switch goes into [runtime.env] alone: what the issue reported ([reported]) stays
   # the bundled recipe's (issue 41: a sed over the whole file set it in [reported.env] too, and
   # the report then showed no difference in the one setting #51187's thread argued about).
   "$PY" -c 'import sys, tomllib; r, b = (tomllib.load(open(p, "rb")) for p in sys.argv[1:]); sys.exit(r.get("reported") != b.get("reported"))' \
-      "$f" bisect_tool/recipes/batch-invariance.toml || { log "recipe: the sed changed [reported]; fix it in recipe()"; exit 2; }
+      "$f" bisect_tool/recipes/"$RECIPE".toml || { log "recipe: the sed changed [reported]; fix it in recipe()"; exit 2; }
   echo "$f"
 }
 
@@ -346,7 +356,7 @@ step_report() {
   # everything else in one archive.
   local mode sd rec=$DEV/record
   rm -rf "$rec" && mkdir -p "$rec"
-  for mode in tiered nonarrow; do
+  for mode in "tiered$TAG" "nonarrow$TAG"; do
     sd=$DEV/state-$mode
     [ -f "$sd/journal.jsonl" ] || { log "report: $mode has no journal"; continue; }
     "$PY" -m bisect_tool report --state-dir "$sd" -o "$rec/report-$mode.md" || true
@@ -367,8 +377,8 @@ for step in "$@"; do
     so) step_so ;;
     verify) step_verify ;;
     model) step_model ;;
-    bisect) run_bisect tiered ;;
-    nonarrow) run_bisect nonarrow --no-narrow ;;
+    bisect) run_bisect "tiered$TAG" ;;
+    nonarrow) run_bisect "nonarrow$TAG" --no-narrow ;;
     report) step_report ;;
     recipe) log "recipe: $(recipe)" ;;  # the recipe the runs use, written and checked alone
     *) echo "unknown step $step (stack, so, verify, model, bisect, nonarrow, report, recipe)" >&2; exit 2 ;;

@@ -22,6 +22,19 @@ Two things could still let the machine in, and both are counted and exposed in /
   join the step they arrived for. Steps then form from the arrival times alone;
 - a step whose compute outlasts its modelled time (an overrun): its answers come late, but the
   device clock does not stretch with it, so the batches still form as modelled.
+
+Three switches a vLLM server has too, each changing the numbers in its own way (``EngineOptions``):
+
+- CUDA graphs (on unless ``--enforce-eager``): the first ``warmup_steps`` steps after start run
+  before the graphs are captured, on the JIT path (``DemoModel.forward(warmup=True)``), so the
+  first request after start-up answers differently from the same request later (vLLM #33537);
+- the FlashInfer sampler (``VLLM_USE_FLASHINFER_SAMPLER=1``): the step's logprob rows are
+  renormalised together, and from ``SAMPLER_SPLIT_ROWS`` rows on the kernel tiles the vocabulary
+  (``flashinfer_renorm``): a row's last bits depend on how many requests share its step, with
+  the invariance switch on too. #51187's reporters saw their divergence go with the flag at 0;
+- prefix caching (``--enable-prefix-caching``): a prompt whose leading blocks an earlier
+  request computed starts from those blocks' running sums (vLLM #40896, #42019: the first
+  request differs from later ones).
 """
 
 from __future__ import annotations
@@ -74,6 +87,48 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
 
 
+# Steps before "the CUDA graphs are captured": vLLM's first one or two requests after start-up
+# differ from later ones (#33537); two steps cover a first request's prefill and first decode.
+WARMUP_STEPS = 2
+# From this many rows in a step on, the FlashInfer-like sampler tiles the vocabulary.
+SAMPLER_SPLIT_ROWS = 8
+# Prefix caching keeps the running sums at every multiple of this many tokens (vLLM's block).
+PREFIX_BLOCK = 16
+# Cached prefixes kept (oldest dropped first): far more than any probe's workload holds.
+PREFIX_CACHE_ENTRIES = 4096
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The switches of ``LLMEngine`` that vLLM has too (defaults: all off, as the tests and the
+    engine's Python API always had it; the server turns CUDA graphs on unless
+    ``--enforce-eager``, as vLLM does)."""
+
+    warmup_steps: int = 0  # steps on the JIT path after start (CUDA graphs on: WARMUP_STEPS)
+    flashinfer_sampler: bool = False
+    prefix_caching: bool = False
+
+
+def flashinfer_renorm(rows: list[np.ndarray]) -> list[np.ndarray]:
+    """The sampler's renormalisation of a step's logprob rows: each row minus its
+    log-sum-exp, computed over the whole vocabulary below ``SAMPLER_SPLIT_ROWS`` rows and over
+    two tiles of it (a third and the rest) from there on: the same row rounds differently in a
+    small step and a large one."""
+    if not rows:
+        return rows
+    tiled = len(rows) >= SAMPLER_SPLIT_ROWS
+    out = []
+    for lp in rows:
+        e = np.exp(lp)
+        if tiled:
+            cut = len(lp) // 3
+            total = np.float32(e[:cut].sum(dtype=np.float32) + e[cut:].sum(dtype=np.float32))
+        else:
+            total = e.sum(dtype=np.float32)
+        out.append((lp - np.log(total)).astype(np.float32))
+    return out
+
+
 @dataclass(frozen=True)
 class DeviceTiming:
     """How long one engine step lasts on the modelled device.
@@ -112,9 +167,15 @@ STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 255, 256, 512, 1024, 2048, 4096)
 class LLMEngine:
     """The scheduler and the model; ``step()`` runs one engine step (tests drive it directly)."""
 
-    def __init__(self, model: DemoModel, config: SchedulerConfig) -> None:
+    def __init__(
+        self, model: DemoModel, config: SchedulerConfig, options: EngineOptions | None = None
+    ) -> None:
         self.model = model
         self.config = config
+        self.options = options if options is not None else EngineOptions()
+        # prefix caching: the first p tokens of a prompt -> their running sums per layer
+        self.prefix_cache: dict[tuple[int, ...], list[np.ndarray]] = {}
+        self.prefix_hits = 0  # prompt tokens taken from the cache (vllm:prefix_cache_hits)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.steps = 0
@@ -177,13 +238,14 @@ class LLMEngine:
         admitted: list[Request] = []
         while self.waiting and len(scheduled) + len(admitted) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if len(request.prompt) > budget:
+            cached = self._cached_prefix(request.prompt)
+            if len(request.prompt) - cached > budget:
                 break
             if admit_until is not None and request.arrival > admit_until:
                 break
             self.waiting.popleft()
-            budget -= len(request.prompt)
-            request.segment = Segment(np.array([], dtype=np.int64), self.model.new_sums(), 0)
+            budget -= len(request.prompt) - cached
+            request.segment = self._new_segment(request.prompt, cached)
             admitted.append(request)
         scheduled += admitted
         if not scheduled:
@@ -191,10 +253,18 @@ class LLMEngine:
         segments = []
         for request in scheduled:
             assert request.segment is not None
-            new = request.prompt if request in admitted else [request.outputs[-1].token_id]
+            if request in admitted:
+                new = request.prompt[request.segment.count:]
+            else:
+                new = [request.outputs[-1].token_id]
             request.segment.tokens = np.asarray(new, dtype=np.int64)
             segments.append(request.segment)
-        logprobs = self.model.forward(segments)
+        warmup = self.steps < self.options.warmup_steps
+        logprobs = self.model.forward(segments, warmup=warmup)
+        if self.options.flashinfer_sampler:
+            logprobs = flashinfer_renorm(logprobs)
+        for request in admitted:
+            self._keep_prefix(request)
         size = sum(len(s.tokens) for s in segments)
         self.steps += 1
         self.step_sizes.append(size)
@@ -209,6 +279,40 @@ class LLMEngine:
                 still.append(request)
         self.running = still  # one assignment: the metrics thread never sees a half-built list
         return finished
+
+    # -- prefix caching -------------------------------------------------------------------------
+
+    def _cached_prefix(self, prompt: list[int]) -> int:
+        """How many leading tokens of ``prompt`` the cache holds (whole blocks, never the whole
+        prompt: its last token is computed, as vLLM recomputes it); 0 with caching off."""
+        if not self.options.prefix_caching:
+            return 0
+        p = (len(prompt) - 1) // PREFIX_BLOCK * PREFIX_BLOCK
+        while p > 0 and tuple(prompt[:p]) not in self.prefix_cache:
+            p -= PREFIX_BLOCK
+        return p
+
+    def _new_segment(self, prompt: list[int], cached: int) -> Segment:
+        if cached:
+            self.prefix_hits += cached
+            sums = [s.copy() for s in self.prefix_cache[tuple(prompt[:cached])]]
+        else:
+            sums = self.model.new_sums()
+        snap_at: tuple[int, ...] = ()
+        if self.options.prefix_caching:
+            snap_at = tuple(range(cached + PREFIX_BLOCK, len(prompt) + 1, PREFIX_BLOCK))
+        return Segment(np.array([], dtype=np.int64), sums, cached, snap_at)
+
+    def _keep_prefix(self, request: Request) -> None:
+        segment = request.segment
+        if segment is None or not segment.snapshots:
+            return
+        for p, sums in segment.snapshots.items():
+            self.prefix_cache[tuple(request.prompt[:p])] = sums
+        segment.snapshots = {}
+        segment.snap_at = ()
+        while len(self.prefix_cache) > PREFIX_CACHE_ENTRIES:
+            del self.prefix_cache[next(iter(self.prefix_cache))]
 
 
 def _sample(logprobs: np.ndarray, k: int) -> TokenOutput:

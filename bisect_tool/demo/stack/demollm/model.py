@@ -17,12 +17,21 @@ dimension in two and adds the halves (split-K, which small launches get for para
 row's rounding depends on how many tokens share its step at almost every step size, not only
 across 256. That is what vLLM's positive control relies on: with the switch off the engine is
 visibly not batch-invariant, whatever the planted kernel does.
+
+Two more paths, both asked for by the engine (``demollm.engine``), never by the step's size:
+
+- ``warmup``: the steps before "CUDA graphs are captured" (a vLLM server's first requests after
+  start-up take the JIT-compiled path, vLLM #33537) split K in every matmul, in either mode, so
+  the first request after start computes differently from the same request later;
+- a segment may start from a cached prefix (prefix caching): its running sums come from the
+  cache (``Segment.snapshots`` of an earlier request) and the step adds its own tokens' sums to
+  them, a different rounding order than summing the whole prompt at once (vLLM #40896, #42019).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +64,10 @@ class Segment:
     tokens: np.ndarray  # int64, the tokens processed for this request in this step
     sums: list[np.ndarray]  # per layer, float32 (hidden,): sum of that layer's inputs so far
     count: int  # positions already in `sums`
+    # prefix caching: positions whose running sums to keep (``snapshots[p]``: the sums of the
+    # first p positions, per layer) once this step computes them
+    snap_at: tuple[int, ...] = ()
+    snapshots: dict[int, list[np.ndarray]] = field(default_factory=dict)
 
 
 class DemoModel:
@@ -82,9 +95,10 @@ class DemoModel:
         h = self.config.hidden_size
         return [np.zeros(h, dtype=np.float32) for _ in range(self.config.num_layers)]
 
-    def forward(self, segments: Sequence[Segment]) -> list[np.ndarray]:
+    def forward(self, segments: Sequence[Segment], warmup: bool = False) -> list[np.ndarray]:
         """Run one step over all the segments' tokens; returns each segment's last-row logprobs
-        (float32, (vocab,)) and advances the segments' running sums in place."""
+        (float32, (vocab,)) and advances the segments' running sums in place. ``warmup``: a
+        step before the graphs are captured (see the module's docstring)."""
         tokens = np.concatenate([s.tokens for s in segments])
         bounds = np.cumsum([0] + [len(s.tokens) for s in segments])
         x = np.ascontiguousarray(self.embed[tokens])
@@ -100,7 +114,10 @@ class DemoModel:
                 counts = np.arange(seg.count + 1, seg.count + 1 + end - start, dtype=np.float32)
                 mixed[start:end] = h[start:end] + self._alpha * (sums / counts[:, None])
                 seg.sums[layer] = sums[-1].copy()
-            if self.config.batch_invariant or len(tokens) >= SPLIT_K_BELOW:
+                for p in seg.snap_at:
+                    if seg.count < p <= seg.count + end - start:
+                        seg.snapshots.setdefault(p, []).append(sums[p - seg.count - 1].copy())
+            if not warmup and (self.config.batch_invariant or len(tokens) >= SPLIT_K_BELOW):
                 for row in range(len(tokens)):
                     np.dot(mixed[row], weight, out=y[row])
             else:

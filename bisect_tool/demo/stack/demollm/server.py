@@ -23,8 +23,10 @@ from demollm import __version__
 from demollm._custom_ops import Kernels, KernelsUnavailable
 from demollm.engine import (
     STEP_BUCKETS,
+    WARMUP_STEPS,
     DeviceTiming,
     EngineLoop,
+    EngineOptions,
     LLMEngine,
     Request,
     RequestError,
@@ -218,7 +220,7 @@ def _metrics(server: ApiServer) -> str:
         f"vllm:kv_cache_usage_perc{{{labels}}} 0.0",
         "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of tokens.",
         "# TYPE vllm:prefix_cache_hits_total counter",
-        f"vllm:prefix_cache_hits_total{{{labels}}} 0.0",
+        f"vllm:prefix_cache_hits_total{{{labels}}} {float(engine.prefix_hits)}",
         "# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.",
         "# TYPE vllm:iteration_tokens_total histogram",
     ]
@@ -256,18 +258,32 @@ def _metrics(server: ApiServer) -> str:
     return "\n".join(lines) + "\n"
 
 
-def batch_invariant_from_env() -> bool:
-    """VLLM_BATCH_INVARIANT as the kernels read it (C's atoi: a non-zero integer is on)."""
-    value = os.environ.get("VLLM_BATCH_INVARIANT", "").strip()
+def _flag_from_env(name: str) -> bool:
+    """An environment switch as C's atoi reads it: a non-zero integer is on."""
+    value = os.environ.get(name, "").strip()
     digits = value[1:] if value[:1] in "+-" else value
     end = next((i for i, ch in enumerate(digits) if not ch.isdigit()), len(digits))
     return int(digits[:end] or "0") != 0
 
 
-def build_engine(max_num_seqs: int, max_num_batched_tokens: int, seed: int = 0) -> LLMEngine:
+def batch_invariant_from_env() -> bool:
+    """VLLM_BATCH_INVARIANT as the kernels read it (C's atoi: a non-zero integer is on)."""
+    return _flag_from_env("VLLM_BATCH_INVARIANT")
+
+
+def flashinfer_sampler_from_env() -> bool:
+    """VLLM_USE_FLASHINFER_SAMPLER: off unless set to a non-zero integer (the demo ships no
+    FlashInfer, so its default is vLLM's without it)."""
+    return _flag_from_env("VLLM_USE_FLASHINFER_SAMPLER")
+
+
+def build_engine(
+    max_num_seqs: int, max_num_batched_tokens: int, seed: int = 0,
+    options: EngineOptions | None = None,
+) -> LLMEngine:
     kernels = Kernels()
     model = DemoModel(ModelConfig(seed=seed, batch_invariant=batch_invariant_from_env()), kernels)
-    return LLMEngine(model, SchedulerConfig(max_num_seqs, max_num_batched_tokens))
+    return LLMEngine(model, SchedulerConfig(max_num_seqs, max_num_batched_tokens), options)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -299,9 +315,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="how far the device runs behind real time for clients that declare their "
         "requests' arrival (X-Bisect-Arrival): the longest hand-over that still joins its step",
     )
-    # Accepted for command-line compatibility with vLLM recipes; the demo has nothing to switch.
-    parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--no-enable-prefix-caching", action="store_true")
+    # As vLLM: CUDA graphs (and their warm-up, engine.WARMUP_STEPS) unless --enforce-eager.
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="no CUDA graphs: no warm-up path for the first steps after start")
+    # Off by default, unlike vLLM: the demo recipes' workloads were calibrated without it.
+    caching = parser.add_mutually_exclusive_group()
+    caching.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true",
+                         default=False, help="reuse the running sums of cached prompt blocks")
+    caching.add_argument("--no-enable-prefix-caching", dest="prefix_caching",
+                         action="store_false")
+    # Accepted for command-line compatibility with vLLM recipes; the demo has no tokenizer.
     parser.add_argument("--skip-tokenizer-init", action="store_true")
     return parser.parse_args(argv)
 
@@ -309,8 +332,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s")
+    options = EngineOptions(
+        warmup_steps=0 if args.enforce_eager else WARMUP_STEPS,
+        flashinfer_sampler=flashinfer_sampler_from_env(),
+        prefix_caching=args.prefix_caching,
+    )
     try:
-        engine = build_engine(args.max_num_seqs, args.max_num_batched_tokens, args.seed)
+        engine = build_engine(args.max_num_seqs, args.max_num_batched_tokens, args.seed, options)
     except KernelsUnavailable as exc:
         logger.error("cannot load the compiled ops: %s", exc)
         return 1
@@ -324,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         "Initializing a V1 LLM engine (v%s) with config: model=%r, max_num_seqs=%d, "
         "max_num_batched_tokens=%d, vocab_size=%d, hidden_size=%d, kernels=%s, "
         "kernels_sha256=%s, rms_norm_block_size(<256 tokens)=%s, (>=256 tokens)=%s, "
-        "batch_invariant_matmul=%s, step_time=%.3f ms + %.4f ms/token, admission_lag=%.1f ms",
+        "batch_invariant_matmul=%s, step_time=%.3f ms + %.4f ms/token, admission_lag=%.1f ms, "
+        "cuda_graphs=%s (warm-up steps %d), flashinfer_sampler=%s, prefix_caching=%s",
         __version__,
         args.model,
         args.max_num_seqs,
@@ -339,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         timing.launch_overhead_ms,
         timing.per_token_ms,
         timing.admission_lag_ms,
+        not args.enforce_eager,
+        options.warmup_steps,
+        options.flashinfer_sampler,
+        options.prefix_caching,
     )
     loop = EngineLoop(engine, timing)
     loop.start()
