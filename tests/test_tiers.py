@@ -368,6 +368,25 @@ def test_the_deterministic_fast_probe_runs_each_candidate_once_and_splits_in_thr
     assert all(30 <= i <= 90 for i in first_split) and max(first_split) - min(first_split) > 20
 
 
+def test_with_eight_slots_the_op_check_runs_what_splits_the_range_not_every_candidate(
+    tmp_path: Path,
+) -> None:
+    """Issue 39: with 8 slots the op check ran 12 times over 12 candidates on the H100. A round
+    runs both ends and splits that cut the range in k + 1, and the next round only what is
+    left inside the bracket: 9 runs in 2 rounds here, not 12."""
+    rng = _range(12)
+    shas = [c.sha for c in rng.candidates]
+    for flip in (3, 4):
+        narrow = Scripted(shas, flip, 1.0)
+        faithful = Scripted(shas, flip, 0.9, seed=flip)
+        summary, _ = _run(tmp_path / str(flip), rng, narrow, faithful, parallel=8,
+                          confidence=0.99)
+        assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
+        assert len(narrow.calls) == len(set(narrow.calls)) <= 9, narrow.calls
+        # the second round runs only inside the bracket the first one left
+        assert {shas.index(c) for c in narrow.calls[8:]} <= {flip - 1, flip}
+
+
 def test_a_bracketed_flip_short_of_the_threshold_runs_a_neighbour_not_the_lifetimes() -> None:
     """The demo at 80 commits: the op check bracketed the fix between two adjacent candidates,
     but the model's false-alarm rate leaves ~1e-3 on the flip lying further back, short of
@@ -427,16 +446,16 @@ def test_a_flaky_fast_probe_costs_lifetimes_not_the_answer(tmp_path: Path) -> No
 
 
 def test_a_fast_probe_that_contradicts_itself_hands_over_in_one_line(tmp_path: Path) -> None:
-    """The op check shows the bug at a candidate past the fix (13) and none at the fix (12),
-    nearer the bad end: no single flip explains that, so the run says so and goes on with
-    lifetimes at once."""
+    """The op check shows no bug at a candidate before the fix (9) and the bug at 11, farther
+    from the bad end, in one round of two splits: no single flip explains that, so the run
+    says so and goes on with lifetimes at once."""
     rng = _range(20)
     shas = [c.sha for c in rng.candidates]
     narrow = Scripted(shas, 12, 1.0)
-    narrow.outcomes = {shas[13]: True}
+    narrow.outcomes = {shas[9]: False}
     faithful = Scripted(shas, 12, 0.7, seed=3)
     summary, path = _run(tmp_path, rng, narrow, faithful, parallel=2, confidence=0.99)
-    assert {shas[12], shas[13]} <= set(narrow.calls)
+    assert {shas[9], shas[11]} <= set(narrow.calls)
     phases = read(path).of_type("phase")
     assert [p["phase"] for p in phases] == ["faithful"]
     assert "contradicted itself" in phases[0]["message"]

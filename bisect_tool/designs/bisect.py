@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from bisect_tool import entries, lookahead
 from bisect_tool.designs import Finish, Item, Step, Work, controls_item
 from bisect_tool.designs.phases import (
@@ -189,6 +191,8 @@ class BisectDesign:
                                 "or not a good end?")]
             else:
                 batch = strategy.select_batch(slots, decision.within)
+                if strategy.summary().deterministic and decision.within is None:
+                    batch = useful_runs(strategy, batch)
         except NoCandidateLeft as exc:
             if tier is Tier.NARROW or decision.within is not None:
                 return switch(Phase.FAITHFUL, f"the tiered search cannot go on ({exc}); going "
@@ -248,6 +252,27 @@ class BisectDesign:
             s.confidence,
             str(tier) if self.state.tiered else "",
         )
+
+
+def useful_runs(strategy: BayesianStrategy, batch: Sequence[Choice]) -> list[Choice]:
+    """A deterministic probe's batch (the op check: one run settles a candidate) less the runs
+    whose answer could not move the answer: a run at position i tells the flips f <= i from
+    f > i, so it is worth a slot only while each side holds at least the mass the search may
+    leave unresolved (1 - its stopping threshold). The ends' first runs always count. With 8
+    slots the op check ran 12 times over 12 candidates on the H100 (issue 39): the second round
+    filled its slots with candidates beside a flip already bracketed; k slots need about
+    log_{k+1} N rounds of the runs that split what is left."""
+    s = strategy.summary()
+    flips = np.asarray(strategy.posterior(), dtype=float)
+    total = float(flips.sum())
+    if total <= 0:
+        return list(batch)
+    below = np.concatenate([[0.0], np.cumsum(flips) / total])  # mass of f <= i, i = 0 .. n
+    slack = 1 - s.threshold
+    ends = {e for e in s.ends if e is not None and not s.total[e]}
+    kept = [c for c in batch if c.position in ends
+            or min(below[c.position], 1 - below[c.position]) >= slack]
+    return kept or list(batch[:1])
 
 
 def _could_end(strategy: BayesianStrategy, running: Sequence[Item]) -> bool:
