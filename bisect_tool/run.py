@@ -165,7 +165,8 @@ def bisect_loop(
             "this run narrows with a fast probe, but its backend has none (the op probe runs "
             "with the local, docker or ray backend)"
         )
-    design = BisectDesign(state, slots=evaluators.parallel, controls=controls)
+    design = BisectDesign(state, slots=evaluators.parallel, controls=controls,
+                          controls_beside=evaluators.controls_beside)
     Engine(
         journal, design, evaluators.arms(), parallel=evaluators.parallel,
         controls_for=evaluators.controls_for, observer=observer,

@@ -33,12 +33,15 @@ from bisect_tool.values import ProbeKind
 class Evaluators:
     """What a recipe's run evaluates with: its own probe (``faithful``), the fast stand-in that
     narrows first (``narrow``, for ``[probe] narrow``), how many lifetimes run at once, and a
-    factory for the controls runner of a commit (``_no_controls``: this probe has none)."""
+    factory for the controls runner of a commit (``_no_controls``: this probe has none);
+    ``controls_beside``: the controls' servers have GPU slots of their own, beside the
+    ``parallel`` lifetimes' (``[runtime] controls_own_slot``)."""
 
     faithful: Evaluator
     parallel: int = 1
     controls_for: ControlsFor = _no_controls
     narrow: Evaluator | None = None
+    controls_beside: bool = False
 
     @property
     def has_controls(self) -> bool:
@@ -128,7 +131,8 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         # whether the faithful tier could run each candidate, so the confirm step never picks
         # one the pinned stack rejects.
         narrow = _narrow(w, backend.check_compatible)
-        yield Evaluators(evaluator, pool.size, controls_for, narrow)
+        yield Evaluators(evaluator, pool.size, controls_for, narrow,
+                         controls_beside=runtime.controls_own_slot)
     finally:
         backend.close()
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bisect_tool import session
+from bisect_tool.designs import Finish, Record
 from bisect_tool.journal import Journal, read
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe, SearchSettings
@@ -570,3 +571,64 @@ def test_the_controls_are_journaled_as_they_end_beside_a_running_lifetime(
                       2, Controls(None, []))
     assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
     assert seen_while_running and all(seen_while_running), seen_while_running
+
+
+def _confirming(n: int, flip: int, faithful: Sequence[tuple[int, bool]]) -> session.State:
+    """A tiered run's state in its confirm step: the op check ran every candidate (the bug
+    below ``flip``), the sides are ``flip - 1`` and ``flip``, then ``faithful`` lifetimes
+    (position, divergent) came back."""
+    from bisect_tool.journal import JournalContents
+
+    rng = _range(n)
+    shas = [c.sha for c in rng.candidates]
+
+    def seen(pos: int, lid: str, divergent: bool, **more: Any) -> dict[str, Any]:
+        return {"type": "observation", "lifetime_id": lid, "commit": shas[pos], "position": pos,
+                "verdict": "divergent" if divergent else "clean", "detail": {}, "message": "",
+                "duration_s": 50.0, **more}
+
+    entries = [seen(i, f"op-{i}", i < flip, tier="narrow") for i in range(n)]
+    entries.append({"type": "phase", "phase": "confirm", "message": "",
+                    "bad_side": flip - 1, "good_side": flip})
+    entries += [seen(pos, f"lifetime-{k}", d) for k, (pos, d) in enumerate(faithful)]
+    return session.replay(JournalContents(_header(rng), tuple(entries)))
+
+
+def test_the_confirm_step_starts_what_the_answer_is_expected_to_need_on_both_sides() -> None:
+    """Issue 39, item 1: the confirm step fills the slots with the lifetimes the answer is
+    expected to need, both sides at once. Eight slots at its start: several a side (the bad
+    side's rate needs more than one lifetime; one bad-side lifetime beside seven good-side ones
+    left the bad side to a later round); once two a side are in, the two more it expects, not
+    eight."""
+    from bisect_tool.designs.bisect import BisectDesign
+
+    def started(state: session.State) -> dict[int, int]:
+        step = BisectDesign(state, slots=8).next_step()
+        assert not isinstance(step, (Finish, Record)), step
+        counts: dict[int, int] = {}
+        for item in step.items:
+            counts[item.key[0]] = counts.get(item.key[0], 0) + 1
+        return counts
+
+    first = started(_confirming(10, 5, []))
+    assert first[4] >= 2 and first[5] >= 2 and sum(first.values()) <= 8, first
+    later = started(_confirming(10, 5, [(4, True), (4, True), (5, False), (5, False)]))
+    assert later == {4: 1, 5: 1}, later
+
+
+def test_a_slot_that_comes_back_in_the_confirm_step_takes_the_side_not_under_way() -> None:
+    """Two slots, a bad-side lifetime under way: the slot that came back starts the good side's
+    next lifetime, and none once those under way are expected to end the search."""
+    from bisect_tool.designs import Item
+    from bisect_tool.designs.bisect import BisectDesign
+
+    state = _confirming(10, 5, [(4, True), (5, False)])
+    design = BisectDesign(state, slots=2)
+    bad = state.candidates[4].sha
+    running = Item(str(Tier.FAITHFUL), bad, "running-0", (), (4, Tier.FAITHFUL))
+    work = design.refill([running], 1)
+    assert work is not None and [i.key[0] for i in work.items] == [5]
+    assert all(i.lifetime_id != "running-0" for i in work.items)
+    done_soon = _confirming(10, 5, [(4, True), (4, True), (4, True), *[(5, False)] * 4])
+    running = Item(str(Tier.FAITHFUL), bad, "running-1", (), (4, Tier.FAITHFUL))
+    assert BisectDesign(done_soon, slots=2).refill([running], 1) is None

@@ -10,7 +10,6 @@ out; ``designs.drive`` does the same for ``bisect simulate``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from bisect_tool import entries, lookahead
-from bisect_tool.designs import Finish, Item, Step, Work, controls_item
+from bisect_tool.designs import Finish, Item, Step, Work, controls_item, fill
 from bisect_tool.designs.phases import (
     Lifetimes,
     decide,
@@ -31,8 +30,8 @@ from bisect_tool.ends import good_end_not_good
 from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.session import State, observation_entry
-from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft
-from bisect_tool.tiers import Phase, Tier
+from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft, Summary
+from bisect_tool.tiers import Phase, Sides, Tier, disagreement
 from bisect_tool.values import Observation
 from bisect_tool.verdict import EndState, controls_problem
 
@@ -45,12 +44,17 @@ class BisectDesign:
     """The bisect as a design: ``apply`` journal entries, ask ``next_step``.
 
     ``slots`` lifetimes may run at once; ``controls``: the run wants the positive and negative
-    controls (on the good end) before any lifetime counts."""
+    controls (on the good end) before any lifetime counts; ``controls_beside``: they have GPU
+    slots of their own (``[runtime] controls_own_slot``), so they run in the background and the
+    lifetimes keep every slot (on the H100 they took one of two: issue 39's two-slot run went
+    one lifetime at a time)."""
 
-    def __init__(self, state: State, *, slots: int = 1, controls: bool = False) -> None:
+    def __init__(self, state: State, *, slots: int = 1, controls: bool = False,
+                 controls_beside: bool = False) -> None:
         self.state = state
         self.slots = max(1, slots)
         self.controls = controls
+        self.controls_beside = controls_beside
         # the controls were handed out to run in the background and have not come back yet
         # (not journaled: a resumed run asks for them again)
         self._controls_running = False
@@ -82,8 +86,14 @@ class BisectDesign:
                 return Finish(EndState.END_UNTESTABLE, (
                     "no candidate at the good end can run the controls: "
                     + "; ".join(str(e.get("problem", "")) for e in state.controls_refused)))
-            controls = controls_item(state.candidates[good].sha, FAITHFUL)
             self._controls_running = True
+            if self.controls_beside:
+                beside = controls_item(state.candidates[good].sha, FAITHFUL, background=True)
+                first = self._lifetimes(decision)
+                if not isinstance(first, Work):
+                    return Work((beside,))
+                return Work((*first.items, beside), first.prepare, first.events)
+            controls = controls_item(state.candidates[good].sha, FAITHFUL)
             if self.slots == 1:
                 return Work((controls,))
             # with slots to spare the first lifetimes boot beside the controls (they count once
@@ -132,11 +142,18 @@ class BisectDesign:
         if any(item.key[1] is not decision.tier for item in lifetimes):
             return None
         strategy = state.strategy_for(decision.tier)
-        if strategy.summary().deterministic or _could_end(strategy, lifetimes):
+        if strategy.summary().deterministic:
+            return None
+        confirm = decision.within is not None and decision.at is None
+        if not confirm and _could_end(strategy, lifetimes):
             return None
         out = {item.lifetime_id for item in lifetimes} - state.seen_lifetimes
         state.seen_lifetimes.update(out)  # their ids are taken: the new ones come after
         try:
+            if confirm:
+                # the confirm step: the plan's next lifetimes beside those under way
+                step = self._lifetimes(decision, free, [item.key[0] for item in lifetimes])
+                return step if isinstance(step, Work) and step.items else None
             step = self._lifetimes(decision, free + len(lifetimes))
         finally:
             state.seen_lifetimes.difference_update(out)
@@ -176,7 +193,12 @@ class BisectDesign:
 
     # -- lifetimes --------------------------------------------------------------------------
 
-    def _lifetimes(self, decision: Lifetimes, slots: int | None = None) -> Step:
+    def _lifetimes(
+        self, decision: Lifetimes, slots: int | None = None, running: Sequence[int] = ()
+    ) -> Step:
+        """``slots`` lifetimes (all of them by default) for ``decision``; in the confirm step,
+        beside the lifetimes ``running`` (their positions), those the answer is expected to
+        need (``designs.fill``), and none when those running are expected to end it."""
         state, tier = self.state, decision.tier
         slots = self.slots if slots is None else slots
         strategy = state.strategy_for(tier)
@@ -189,6 +211,12 @@ class BisectDesign:
             elif suspect is not None:
                 batch = [Choice(suspect, slots, "the good end showed the bug: a false alarm, "
                                 "or not a good end?")]
+            elif (decision.within is not None and self.slots > 1
+                  and not strategy.summary().deterministic):
+                batch = _confirm_batch(strategy, decision.within, running, slots)
+                if not batch and running:
+                    return Work(())  # those under way are expected to end it: wait for them
+                batch = batch or strategy.select_batch(slots, decision.within)
             else:
                 batch = strategy.select_batch(slots, decision.within)
                 if strategy.summary().deterministic and decision.within is None:
@@ -275,19 +303,41 @@ def useful_runs(strategy: BayesianStrategy, batch: Sequence[Choice]) -> list[Cho
     return kept or list(batch[:1])
 
 
+def _confirm_batch(
+    strategy: BayesianStrategy, sides: tuple[int, int], running: Sequence[int], free: int
+) -> list[Choice]:
+    """The confirm step's lifetimes for ``free`` slots beside those ``running``: what the
+    answer is expected to need from here, both sides at once (``designs.fill``)."""
+    bad, good = sides
+
+    def stops(s: Summary) -> bool:
+        return bool(s.divergent[bad] and s.total[good] and s.done) \
+            or disagreement(s, Sides(bad, good)) is not None
+
+    planned = fill.next_lifetimes(strategy, running, free, stops, within=sides)
+    counts = Counter(planned)
+    names = {bad: "the bad side", good: "the good side"}
+    return [Choice(position, n, f"{names.get(position, 'a side')}: expected to be needed")
+            for position, n in counts.items()]
+
+
+def _faithful_stops(s: Summary) -> bool:
+    """The plain search would stop (``phases.stop_reason``'s answer, as a plan sees it)."""
+    bad, good = s.ends
+    return bad is None or good is None or bool(
+        s.done and s.bug_shown and s.total[bad] and s.total[good])
+
+
 def _could_end(strategy: BayesianStrategy, running: Sequence[Item]) -> bool:
     """Whether the lifetimes under way would end the search, each coming back as the posterior
-    expects (divergent on the likely bad side): then a slot that comes back waits for them
-    rather than start a lifetime the answer does not need, which the end would wait for
-    (bench/slots.py: refilled at once, the tiered runs took 0.89x as long as whole batches)."""
+    expects (on the bad side showing the bug at p's estimated rate, not every time:
+    ``fill.expected_divergent``): then a slot that comes back waits for them rather than start
+    a lifetime the answer does not need, which the end would wait for (bench/slots.py:
+    refilled at once, the tiered runs took 0.89x as long as whole batches)."""
     if not running:
         return False
-    bad_side = strategy.summary().bad_side
-    what_if = copy.deepcopy(strategy)
-    for item in running:
-        position = item.key[0]
-        what_if.record(position, bool(bad_side[position] >= 0.5))
-    return what_if.summary().done
+    positions = [item.key[0] for item in running]
+    return not fill.plan(strategy, positions, _faithful_stops, most=1)
 
 
 def end_entry(state: State, state_name: EndState, message: str) -> entries.EndEntry:
