@@ -87,6 +87,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "target_coresidency": AT_LEAST_0,
         "request_timeout_s": POSITIVE,
         "control_attempts": AT_LEAST_1,
+        "negative_servers": AT_LEAST_1,
         "seeds": AT_LEAST_1,
         "hidden_sizes": AT_LEAST_1,
         "row_counts": AT_LEAST_1,

@@ -133,6 +133,11 @@ class ProbeSettings:
     # The positive control can be as intermittent as the bug: up to this many lifetimes until it
     # diverges (each also runs the negative control).
     control_attempts: int = 3
+    # Servers the negative control's requests are dealt over, booted at once (each request is
+    # still sent alone and compared with itself over the repeats, on one server): its pass of
+    # every request one at a time took 119 s on the H100, the longest thing in the run
+    # (bisect_tool/probes/controls.py)
+    negative_servers: int = 1
     # A fast stand-in probe to narrow the range with before this probe confirms the flip on
     # both sides of it ("" = none; "op": the op check below on each candidate's extension).
     # See bisect_tool/tiers.py.

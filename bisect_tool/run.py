@@ -23,6 +23,7 @@ from bisect_tool.designs.manual import next_manual_candidate
 from bisect_tool.engine import Engine, journaled
 from bisect_tool.errors import BisectError, Interrupted, StateError, UsageError
 from bisect_tool.events import Note, Observer, RunStarted, ignore
+from bisect_tool.interfaces import Gates
 from bisect_tool.journal import Journal
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe
@@ -166,7 +167,8 @@ def bisect_loop(
             "with the local, docker or ray backend)"
         )
     design = BisectDesign(state, slots=evaluators.parallel, controls=controls,
-                          controls_beside=evaluators.controls_beside)
+                          controls_beside=evaluators.controls_beside,
+                          gate_sweep=isinstance(evaluators.faithful, Gates))
     Engine(
         journal, design, evaluators.arms(), parallel=evaluators.parallel,
         controls_for=evaluators.controls_for, observer=observer,

@@ -23,7 +23,7 @@ from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
 from bisect_tool.events import Observer, ignore, notes_to
 from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
-from bisect_tool.recipe import Recipe, RuntimeSettings
+from bisect_tool.recipe import ProbeSettings, Recipe, RuntimeSettings
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.tiers import Tier
 from bisect_tool.values import ProbeKind
@@ -116,7 +116,7 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
     backend = make_backend(runtime, session=w.session, log_dir=w.log_dir)
     try:
         backend.cleanup_stale(w.session)
-        pool = w.pool or gpu_pool(runtime)
+        pool = w.pool or gpu_pool(runtime, w.recipe.probe)
         turns = pool.booting if profiles_free_memory(runtime.server_args) else None
         evaluator = server_evaluator(
             w.recipe, w.provider, backend, session=w.session, log_dir=w.log_dir, tags=w.tags,
@@ -137,11 +137,13 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         backend.close()
 
 
-def gpu_pool(runtime: RuntimeSettings) -> GpuPool:
-    """The GPU slots a run's servers lease: ``lifetimes_per_gpu`` on each GPU, and one more for
-    the controls where ``controls_own_slot`` asks for it."""
+def gpu_pool(runtime: RuntimeSettings, probe: ProbeSettings | None = None) -> GpuPool:
+    """The GPU slots a run's servers lease: ``lifetimes_per_gpu`` on each GPU, and where
+    ``controls_own_slot`` asks for them, slots of the controls' own: as many as the servers
+    their negative control is spread over (``[probe] negative_servers``)."""
     return GpuPool(runtime.gpus, per_gpu=runtime.lifetimes_per_gpu,
-                   controls_slot=runtime.controls_own_slot)
+                   controls_slot=runtime.controls_own_slot,
+                   controls_servers=probe.negative_servers if probe is not None else 1)
 
 
 @contextmanager
@@ -268,7 +270,7 @@ def open_sides(
     """One set of evaluators per named recipe (``bisect locate``: one per Python side), sharing
     ``provider`` and one GPU pool; and how many lifetimes may run at once over them all."""
     first = next(iter(recipes.values()))
-    pool = gpu_pool(first.runtime)
+    pool = gpu_pool(first.runtime, first.probe)
     with contextlib.ExitStack() as stack:
         sides = {
             name: stack.enter_context(PROBES[probe_kind(recipe)](

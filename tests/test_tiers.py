@@ -632,3 +632,111 @@ def test_a_slot_that_comes_back_in_the_confirm_step_takes_the_side_not_under_way
     done_soon = _confirming(10, 5, [(4, True), (4, True), (4, True), *[(5, False)] * 4])
     running = Item(str(Tier.FAITHFUL), bad, "running-1", (), (4, Tier.FAITHFUL))
     assert BisectDesign(done_soon, slots=2).refill([running], 1) is None
+
+
+class Gated(Scripted):
+    """A faithful probe that can ask the compatibility gate alone (``interfaces.Gates``): it
+    refuses ``refused`` (the pinned stack lacks an op of theirs), each check taking
+    ``gate_s``; it records how many checks ran at once and whether any lifetime booted while
+    one still ran."""
+
+    def __init__(self, *args: Any, refused: Sequence[str] = (), gate_s: float = 0.2,
+                 **kwargs: Any) -> None:
+        import threading
+
+        super().__init__(*args, **kwargs)
+        self.refused, self.gate_s = set(refused), gate_s
+        self.lock = threading.Lock()
+        self.gating = self.peak = 0
+        self.gated: list[str] = []
+        self.booted_while_gating = False
+
+    def gate_check(self, commit: str, tags: Sequence[str] = ()) -> Observation:
+        import time
+
+        with self.lock:
+            self.gating += 1
+            self.peak = max(self.peak, self.gating)
+        time.sleep(self.gate_s)
+        with self.lock:
+            self.gating -= 1
+            self.gated.append(commit)
+        if commit in self.refused:
+            return Observation(commit, Verdict.UNTESTABLE, f"gate-{commit}", {"stage": "gate"},
+                               "candidate lacks op `_C::rms_norm`", self.gate_s)
+        return Observation(commit, Verdict.CLEAN, f"gate-{commit}", {"stage": "gate"}, "",
+                           self.gate_s)
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+        with self.lock:
+            self.booted_while_gating |= self.gating > 0
+        assert commit not in self.refused, "a release the gate refused booted a lifetime"
+        return super().evaluate(commit, lifetime_id, tags)
+
+
+def _release_run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any, parallel: int,
+                 controls: Any) -> tuple[dict[str, Any], Path]:
+    """A release-level run (``level`` release) with the controls on a slot of their own."""
+    path = tmp_path / "journal.jsonl"
+    recipe = Recipe("t").to_dict()
+    recipe["probe"]["narrow"] = "op" if narrow is not None else ""
+    recipe["probe"]["controls"] = True
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng, recipe=recipe, mode="recipe", level="release"))
+        state = session.replay(read(path))
+        evaluators = Evaluators(faithful, parallel, controls, narrow=narrow,
+                                controls_beside=True)
+        summary = bisect_loop(journal, state, evaluators, controls=True)
+    return summary, path
+
+
+def test_every_release_is_gated_at_once_before_any_server_boots(tmp_path: Path) -> None:
+    """Issue 39, item 3: with --no-narrow the controls looked for a testable release one at a
+    time (the gate refused three in a row; the controls ended at 361 s of a 406 s run). Now
+    every release is gated at once before the first boot, the refused ones journaled as
+    untestable with the gate's reason, and the controls boot at once on the nearest testable
+    release."""
+    rng = _range(12)
+    shas = [c.sha for c in rng.candidates]
+    refused = shas[9:]  # a fix: the good end is the newest; the three newest are refused
+    faithful = Gated(shas, 5, 1.0, refused=refused)
+    ran: list[str] = []
+    summary, path = _release_run(tmp_path, rng, None, faithful, 2, _Controls(None, ran))
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[5]
+    assert sorted(faithful.gated) == sorted(shas) and faithful.peak >= 4
+    assert not faithful.booted_while_gating
+    assert ran == [shas[8]]  # the controls, once, on the nearest testable release
+    contents = read(path)
+    untestable = contents.of_type("untestable")
+    assert {e["commit"] for e in untestable} == set(refused)
+    assert all(e["stage"] == "gate" and "rms_norm" in e["message"] for e in untestable)
+    assert {e["commit"] for e in contents.of_type("gate")} == set(shas) - set(refused)
+
+
+def test_the_op_check_narrows_beside_the_gates_sweep(tmp_path: Path) -> None:
+    """A tiered release-level run: the op check's runs (they boot no server) go on while the
+    sweep gates every release; the controls and the confirm lifetimes wait for it, and the
+    confirm step's good side skips the refused release."""
+    import threading
+
+    rng = _range(10)
+    shas = [c.sha for c in rng.candidates]
+    flip = 6
+    sweeping = threading.Event()
+
+    class Narrow(Scripted):
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            if faithful.gating:
+                sweeping.set()
+            return super().evaluate(commit, lifetime_id, tags)
+
+    faithful = Gated(shas, flip, 0.9, seed=2, refused=[shas[flip]], gate_s=0.5)
+    ran: list[str] = []
+    summary, path = _release_run(tmp_path, rng, Narrow(shas, flip, 1.0), faithful, 2,
+                                 _Controls(None, ran))
+    assert sweeping.is_set() and not faithful.booted_while_gating
+    # the refused release and the next one form the block the answer names
+    assert summary["state"] == "done" and summary["flip_block"] == [shas[flip], shas[flip + 1]]
+    assert shas[flip] not in faithful.calls and ran == [shas[-1]]
+    phase = read(path).of_type("phase")[0]
+    assert (phase["bad_side"], phase["good_side"]) == (flip - 1, flip + 1)

@@ -18,7 +18,16 @@ from typing import Any
 import numpy as np
 
 from bisect_tool import entries, lookahead
-from bisect_tool.designs import Finish, Item, Step, Work, controls_item, fill
+from bisect_tool.designs import (
+    Finish,
+    Item,
+    Step,
+    Wait,
+    Work,
+    controls_item,
+    fill,
+    gate_item,
+)
 from bisect_tool.designs.phases import (
     Lifetimes,
     decide,
@@ -27,12 +36,12 @@ from bisect_tool.designs.phases import (
     switch,
 )
 from bisect_tool.ends import good_end_not_good
-from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
+from bisect_tool.events import CandidateChosen, Event, Note, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.session import State, observation_entry
 from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft, Summary
 from bisect_tool.tiers import Phase, Sides, Tier, disagreement
-from bisect_tool.values import Observation
+from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState, controls_problem
 
 #: the evaluators a bisect's items name: the recipe's own probe, and the fast one that narrows
@@ -47,23 +56,31 @@ class BisectDesign:
     controls (on the good end) before any lifetime counts; ``controls_beside``: they have GPU
     slots of their own (``[runtime] controls_own_slot``), so they run in the background and the
     lifetimes keep every slot (on the H100 they took one of two: issue 39's two-slot run went
-    one lifetime at a time)."""
+    one lifetime at a time). ``gate_sweep``: the faithful evaluator can ask the compatibility
+    gate alone (``interfaces.Gates``), and a release-level run then gates every release at
+    once, in the background, before any server boots (``_sweep``)."""
 
     def __init__(self, state: State, *, slots: int = 1, controls: bool = False,
-                 controls_beside: bool = False) -> None:
+                 controls_beside: bool = False, gate_sweep: bool = False) -> None:
         self.state = state
         self.slots = max(1, slots)
         self.controls = controls
         self.controls_beside = controls_beside
+        self.gate_sweep = gate_sweep and state.header.get("level") == "release"
         # the controls were handed out to run in the background and have not come back yet
         # (not journaled: a resumed run asks for them again)
         self._controls_running = False
+        # the gate's sweep: handed out (once a run), and the candidates not yet back
+        self._swept = False
+        self._gating: set[str] = set()
 
     # -- the Design protocol ----------------------------------------------------------------
 
     def apply(self, entry: Mapping[str, Any]) -> None:
         if entry.get("type") == "controls":
             self._controls_running = False
+        if entry.get("type") in ("gate", "untestable"):
+            self._gating.discard(str(entry.get("commit", "")))
         self.state.apply(entry)
 
     def next_step(self) -> Step:
@@ -71,7 +88,17 @@ class BisectDesign:
         problem = controls_problem(state.controls)
         if problem:
             return Finish(EndState.CONTROLS_FAILED, problem)
+        sweep = self._sweep()
+        if sweep is not None:
+            return sweep
         decision = decide(state)
+        if self._gating and not (isinstance(decision, Lifetimes)
+                                 and decision.tier is Tier.NARROW):
+            # nothing but the op check before every release is gated: the confirm step's
+            # sides, the lifetimes and the controls then go to testable ones at once (on the
+            # H100 the controls tried three refused releases in turn and ended at 361 s of a
+            # 406 s run: issue 39)
+            return Wait()
         if not isinstance(decision, Lifetimes):
             return decision
         wanted = self.controls and state.controls is None and not self._controls_running
@@ -116,11 +143,34 @@ class BisectDesign:
         _, good = self.state.strategy.summary().ends
         checked = (bad is not None and good_narrow is not None
                    and narrow.total[bad] > 0 and narrow.total[good_narrow] > 0)
-        if not isinstance(step, Work) or not checked or good is None:
+        if not isinstance(step, Work) or not checked or good is None or self._gating:
             return step
         self._controls_running = True
         controls = controls_item(self.state.candidates[good].sha, FAITHFUL, background=True)
         return Work((*step.items, controls), step.prepare, step.events)
+
+    def _sweep(self) -> Work | None:
+        """Once a run, a release-level run's gate on every release not gated yet, all at once in
+        the background (a schema dump is 7-11 s on the H100; the op check narrows beside it,
+        nothing boots before it is in). Likeliest needed first: the ends, then from the middle
+        out, so a cold cache fetches what the op check runs first."""
+        if not self.gate_sweep or self._swept:
+            return None
+        self._swept = True
+        state = self.state
+        untestable = state.strategy.summary().untestable
+        last = len(state.candidates) - 1
+        order = sorted(range(len(state.candidates)),
+                       key=lambda i: (i not in (0, last), abs(2 * i - last)))
+        items = tuple(
+            gate_item(state.candidates[i].sha, FAITHFUL, (i, Tier.FAITHFUL),
+                      state.candidates[i].tags)
+            for i in order if i not in state.gated and i not in untestable)
+        if not items:
+            return None
+        self._gating = {item.commit for item in items}
+        return Work(items, events=(Note(
+            f"gating {len(items)} releases at once before any server boots"),))
 
     def refill(self, running: Sequence[Item], free: int) -> Work | None:
         """Lifetimes for ``free`` slots that came back while ``running`` ones still run: what
@@ -138,6 +188,8 @@ class BisectDesign:
             return None
         decision = decide(state)
         if not isinstance(decision, Lifetimes):
+            return None
+        if self._gating and decision.tier is Tier.FAITHFUL:
             return None
         if any(item.key[1] is not decision.tier for item in lifetimes):
             return None
@@ -177,12 +229,20 @@ class BisectDesign:
 
     def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
         position, tier = item.key
+        if item.gate:
+            if obs.verdict is Verdict.UNTESTABLE:
+                return entries.untestable(
+                    obs.commit, position, obs.message, stage=str(obs.detail.get("stage") or ""),
+                    duration_s=obs.duration_s)
+            return entries.gate_passed(obs.commit, position, duration_s=obs.duration_s)
         return observation_entry(obs, position, tier)
 
     def end_entry(self, finish: Finish) -> Mapping[str, Any]:
         return end_entry(self.state, finish.state, finish.message)
 
     def progress(self, item: Item) -> Event | None:
+        if item.gate:
+            return None
         s = self.state.strategy_for(item.key[1]).summary()
         return PosteriorMoved(
             len(self.state.seen_lifetimes),

@@ -165,8 +165,10 @@ def run_controls_task(
     """The positive and negative controls on one candidate, on one node."""
     swap = unpack_swap(shipped)
     evaluator = _node_evaluator(settings, probe, session, swap)
-    # the recipe's control_attempts, as on a single host
-    entry = controls_runner(probe, evaluator, shipped.commit, {}).run()
+    # the recipe's control_attempts, as on a single host; the negative control on this task's
+    # one GPU (its share over several servers needs GPU slots of the controls' own)
+    one = dataclasses.replace(probe, negative_servers=1)
+    entry = controls_runner(one, evaluator, shipped.commit, {}).run()
     entry["where"] = _where()
     return entry
 

@@ -64,6 +64,20 @@ class ServerEvaluator(_ArtifactEvaluator):
         once and keeps its verdict, ``Backend.check_compatible``)."""
         self.backend.check_compatible(swap)
 
+    def gate_check(self, commit: str, tags: Sequence[str] = ()) -> Observation:
+        """The gate alone on ``commit`` (its artifacts fetched first), no server booted: CLEAN
+        when it passes, else UNTESTABLE saying where (``interfaces.Gates``)."""
+        started = time.monotonic()
+        lifetime_id = f"gate-{short(commit)}"
+        try:
+            swap = self._swap(commit, tags or self.tags.get(commit, ()))
+            self.gate(swap)
+        except UntestableError as exc:
+            return untestable(commit, lifetime_id, exc, started)
+        return Observation(commit, Verdict.CLEAN, lifetime_id,
+                           {"stage": "gate", **swap_facts(swap)}, "",
+                           time.monotonic() - started)
+
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
         started = time.monotonic()
         try:
@@ -155,6 +169,7 @@ class ControlsRunner:
         tags: Mapping[str, Sequence[str]],
         attempts: int = 3,
         gpu_lease: Callable[[], AbstractContextManager[str | None]] | None = None,
+        spread: int = 1,
     ) -> None:
         self.evaluator = evaluator
         self.commit = commit
@@ -163,6 +178,8 @@ class ControlsRunner:
         self.attempts = attempts
         # None: a lifetime's slot, as the lifetimes lease them
         self.gpu_lease = gpu_lease
+        # the servers the negative control's requests are dealt over (probes.controls)
+        self.spread = spread
 
     def run(self) -> dict[str, Any]:
         """Up to ``attempts`` lifetimes until the positive control diverges (it may be
@@ -189,11 +206,13 @@ class ControlsRunner:
             lid = f"control-{short(self.commit)}-{attempt}"
 
             def boot(
-                env: Mapping[str, str], lid: str = lid
+                env: Mapping[str, str], part: int = 0, lid: str = lid
             ) -> AbstractContextManager[ServerHandle]:
-                return self.evaluator.boot(swap, lid, env, gpu_lease=self.gpu_lease)
+                name = f"{lid}-s{part}" if part else lid
+                return self.evaluator.boot(swap, name, env, gpu_lease=self.gpu_lease)
 
-            result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env)
+            result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env,
+                                  spread=self.spread)
             if result.positive_ok or result.could_not_run:
                 break
         assert result is not None
@@ -252,5 +271,5 @@ def controls_runner(
     ``gpu_lease``'s slots (None: the lifetimes')."""
     return ControlsRunner(
         evaluator, commit, probe.invariance_env, tags, attempts=probe.control_attempts,
-        gpu_lease=gpu_lease,
+        gpu_lease=gpu_lease, spread=probe.negative_servers,
     )
