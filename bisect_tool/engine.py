@@ -78,11 +78,14 @@ class Engine:
         parallel: int = 1,
         controls_for: ControlsFor = _no_controls,
         observer: Observer = ignore,
+        capacity: Callable[[], int] | None = None,
     ) -> None:
         self.journal = journal
         self.design = design
         self.arms = arms
         self.parallel = max(1, parallel)
+        # how many may run now, at most ``parallel`` (a GPU that backed off holds fewer)
+        self.capacity = capacity
         self.controls_for = controls_for
         self.observer = observer
         self._durations: dict[str, list[float]] = {}
@@ -109,7 +112,7 @@ class Engine:
                     self._collect_running()
                     if self._running:
                         work = self.design.refill(
-                            tuple(self._running.values()), self.parallel - len(self._running))
+                            tuple(self._running.values()), self._slots() - len(self._running))
                         if work is not None:
                             self._start(work)
                         continue
@@ -144,6 +147,11 @@ class Engine:
                 self._pool.shutdown(wait=True)
             if self._background_pool is not None:
                 self._background_pool.shutdown(wait=True)
+
+    def _slots(self) -> int:
+        if self.capacity is None:
+            return self.parallel
+        return max(1, min(self.parallel, self.capacity()))
 
     def _collect_running(self) -> None:
         """Wait for the first item under way, or in the background, to end; journal what

@@ -130,6 +130,13 @@ def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
                 raise RecipeError(
                     f"{source}: '{section}.{key}' must be {bound.describe()}, got {item}"
                 )
+    per_gpu = values.get("lifetimes_per_gpu", "auto") if section == "runtime" else "auto"
+    if isinstance(per_gpu, bool) or not isinstance(per_gpu, int | str) or (
+            isinstance(per_gpu, str) and per_gpu != "auto"):
+        raise RecipeError(
+            f"{source}: 'runtime.lifetimes_per_gpu' must be \"auto\" or a whole number >= 1, "
+            f"got {per_gpu!r}"
+        )
     if section == "probe" and values.get("narrow", "") not in NARROW_KINDS:
         raise RecipeError(
             f"{source}: 'probe.narrow' must be one of {', '.join(map(repr, NARROW_KINDS))}, "

@@ -81,11 +81,14 @@ class RuntimeSettings:
     # where the newer Python registers ops the older extension lacks but this workload never
     # calls; an op the workload does call and the gate skipped fails its lifetime instead.
     gate_ops: tuple[str, ...] = ()
-    # lifetimes that may share one GPU at once (each server then needs its own share of the
-    # memory: --gpu-memory-utilization in server_args). They boot and are torn down one at a
-    # time unless server_args fix the KV cache's size (--kv-cache-memory-bytes), which spares
-    # vLLM its free-memory profile (bisect_tool/runtime/gpus.py)
-    lifetimes_per_gpu: int = 1
+    # lifetimes that may share one GPU at once. "auto": as many as the card's free memory holds
+    # with the KV cache the probe needs, each server told its KV cache size and memory share
+    # (--kv-cache-memory-bytes, --gpu-memory-utilization), at most 6 until a lifetime that
+    # misses the probe's co-residency lowers it (bisect_tool/runtime/sizing.py). A number:
+    # that many (each server then needs its own share of the memory in server_args; they boot
+    # and are torn down one at a time unless server_args fix the KV cache's size, which spares
+    # vLLM its free-memory profile: bisect_tool/runtime/gpus.py)
+    lifetimes_per_gpu: int | str = "auto"
     # the controls' server on a GPU slot of its own, beside the lifetimes' slots (on the first
     # GPU), so the confirm step keeps all of them: on the H100 the controls held one of two
     # slots for 259 s and the lifetimes ran one at a time (docs/bench/gpu-2026-12-07-h100).
@@ -101,6 +104,11 @@ class RuntimeSettings:
     # ray: a directory mounted at the same path on every node; swap files under it travel as
     # paths (checked by sha256 on the node) instead of through Ray's object store
     ray_shared_cache: str = ""
+
+    def per_gpu(self) -> int | None:
+        """``lifetimes_per_gpu`` as a number; None for "auto" (sized when the run starts)."""
+        value = self.lifetimes_per_gpu
+        return value if isinstance(value, int) else None
 
     def interpreter(self) -> str:
         """The interpreter lifetimes, gate checks and the environment facts run under: the one

@@ -166,12 +166,13 @@ def bisect_loop(
             "this run narrows with a fast probe, but its backend has none (the op probe runs "
             "with the local, docker or ray backend)"
         )
-    design = BisectDesign(state, slots=evaluators.parallel, controls=controls,
+    capacity = evaluators.capacity
+    design = BisectDesign(state, slots=capacity or evaluators.parallel, controls=controls,
                           controls_beside=evaluators.controls_beside,
                           gate_sweep=isinstance(evaluators.faithful, Gates))
     Engine(
         journal, design, evaluators.arms(), parallel=evaluators.parallel,
-        controls_for=evaluators.controls_for, observer=observer,
+        controls_for=evaluators.controls_for, observer=observer, capacity=capacity,
     ).run()
     return state.summary()
 

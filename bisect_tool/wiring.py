@@ -21,10 +21,11 @@ from pathlib import Path
 from bisect_tool.engine import ControlsFor, ControlsRunner, _no_controls
 from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
-from bisect_tool.events import Observer, ignore, notes_to
+from bisect_tool.events import Note, Observer, ignore, notes_to
 from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
 from bisect_tool.recipe import ProbeSettings, Recipe, RuntimeSettings
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
+from bisect_tool.runtime.sizing import ReadCards, read_cards, size
 from bisect_tool.tiers import Tier
 from bisect_tool.values import ProbeKind
 
@@ -42,6 +43,9 @@ class Evaluators:
     controls_for: ControlsFor = _no_controls
     narrow: Evaluator | None = None
     controls_beside: bool = False
+    #: how many lifetimes may run at once now, at most ``parallel`` (the GPU pool's size falls
+    #: when a card backs off: ``GpuPool.back_off``); None: always ``parallel``
+    capacity: Callable[[], int] | None = None
 
     @property
     def has_controls(self) -> bool:
@@ -120,7 +124,7 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         turns = pool.booting if profiles_free_memory(runtime.server_args) else None
         evaluator = server_evaluator(
             w.recipe, w.provider, backend, session=w.session, log_dir=w.log_dir, tags=w.tags,
-            gpu_lease=pool.lease, boot_lock=turns, observer=w.observer,
+            gpu_lease=pool.lease, boot_lock=turns, observer=w.observer, crowding=pool,
         )
 
         def controls_for(commit: str) -> ControlsRunner:
@@ -132,7 +136,8 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         # one the pinned stack rejects.
         narrow = _narrow(w, backend.check_compatible)
         yield Evaluators(evaluator, pool.size, controls_for, narrow,
-                         controls_beside=runtime.controls_own_slot)
+                         controls_beside=runtime.controls_own_slot,
+                         capacity=lambda: pool.size)
     finally:
         backend.close()
 
@@ -141,7 +146,7 @@ def gpu_pool(runtime: RuntimeSettings, probe: ProbeSettings | None = None) -> Gp
     """The GPU slots a run's servers lease: ``lifetimes_per_gpu`` on each GPU, and where
     ``controls_own_slot`` asks for them, slots of the controls' own: as many as the servers
     their negative control is spread over (``[probe] negative_servers``)."""
-    return GpuPool(runtime.gpus, per_gpu=runtime.lifetimes_per_gpu,
+    return GpuPool(runtime.gpus, per_gpu=runtime.per_gpu() or 1,
                    controls_slot=runtime.controls_own_slot,
                    controls_servers=probe.negative_servers if probe is not None else 1)
 
@@ -246,7 +251,7 @@ def open_evaluators(
 
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    recipe = resolve_weights(recipe, progress=notes_to(observer))
+    recipe = sized(resolve_weights(recipe, progress=notes_to(observer)), observer)
     kind = probe_kind(recipe)
     with open_provider(
         recipe, repo, log_dir=log_dir, session=session, observer=observer
@@ -269,7 +274,12 @@ def open_sides(
 ) -> Iterator[tuple[dict[str, Evaluators], int]]:
     """One set of evaluators per named recipe (``bisect locate``: one per Python side), sharing
     ``provider`` and one GPU pool; and how many lifetimes may run at once over them all."""
-    first = next(iter(recipes.values()))
+    first = sized(next(iter(recipes.values())), observer)
+    recipes = {name: replace(recipe, runtime=replace(
+        recipe.runtime, lifetimes_per_gpu=first.runtime.lifetimes_per_gpu,
+        server_args=first.runtime.server_args if recipe.runtime.per_gpu() is None
+        else recipe.runtime.server_args,
+        controls_own_slot=first.runtime.controls_own_slot)) for name, recipe in recipes.items()}
     pool = gpu_pool(first.runtime, first.probe)
     with contextlib.ExitStack() as stack:
         sides = {
@@ -279,6 +289,34 @@ def open_sides(
             for name, recipe in recipes.items()
         }
         yield sides, pool.size
+
+
+def sized(recipe: Recipe, observer: Observer = ignore, read: ReadCards = read_cards) -> Recipe:
+    """``[runtime] lifetimes_per_gpu = "auto"`` settled for this run: from the listed GPUs' free
+    memory where server lifetimes lease them (``runtime.sizing``: each server told its KV cache
+    size, the controls given slots of their own where the card holds them), else one a GPU (no
+    GPUs listed, Ray, a probe that boots no server, a card whose memory cannot be read). The
+    journal keeps "auto": a resumed run sizes again from what is free then."""
+    runtime = recipe.runtime
+    if runtime.per_gpu() is not None:
+        return recipe
+    one = replace(recipe, runtime=replace(runtime, lifetimes_per_gpu=1))
+    if not runtime.gpus or runtime.backend == "ray" or recipe.probe.kind != ProbeKind.SERVER:
+        return one
+    env = dict(runtime.env)
+    if runtime.pinned_package_dir:
+        env["PYTHONPATH"] = runtime.pinned_package_dir
+    found = size(runtime, recipe.probe, read(runtime.gpus, runtime.interpreter(), env))
+    if found is None:
+        observer(Note('lifetimes_per_gpu = "auto": the GPUs\' memory could not be read (no '
+                      "nvidia-smi, no torch.cuda under the pinned interpreter): one lifetime a "
+                      "GPU"))
+        return one
+    observer(Note(f'lifetimes_per_gpu = "auto": {found.why}'))
+    return replace(recipe, runtime=replace(
+        runtime, lifetimes_per_gpu=found.per_gpu, server_args=found.server_args(
+            runtime.server_args),
+        controls_own_slot=runtime.controls_own_slot or found.controls_own_slot))
 
 
 def side_recipe(recipe: Recipe, pinned_package_dir: Path) -> Recipe:

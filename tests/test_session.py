@@ -389,6 +389,46 @@ def test_a_slot_that_comes_back_is_refilled_while_the_other_still_runs(tmp_path:
     assert ids.index(started[0]) > ids.index(started[1])
 
 
+def test_when_the_gpus_hold_fewer_lifetimes_the_loop_starts_fewer(tmp_path: Path) -> None:
+    """Three slots, and a GPU that backs off to one lifetime after the first one came back
+    short of its co-residency (``GpuPool.back_off``): the loop starts no lifetime beside
+    another from then on, rather than one that would wait for the GPU, or crowd it again."""
+    import threading
+
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.values import Observation, Verdict
+
+    shas, rng = _loop_range(30)
+    capacity = [3]
+    lock = threading.Lock()
+    running = [0]
+    crowded_after: list[int] = []
+
+    class BacksOff(_LoopProbe):
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            with lock:
+                running[0] += 1
+                if capacity[0] == 1:
+                    crowded_after.append(running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+                capacity[0] = 1  # the first lifetime back lowered the card's share
+            bad = shas.index(commit) >= 17
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng))
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(
+            BacksOff(), 3, capacity=lambda: capacity[0]))
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[17]
+    assert crowded_after and max(crowded_after) == 1, crowded_after
+
+
 def test_lifetimes_that_end_after_a_sigterm_are_journaled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,10 +60,11 @@ class BisectDesign:
     gate alone (``interfaces.Gates``), and a release-level run then gates every release at
     once, in the background, before any server boots (``_sweep``)."""
 
-    def __init__(self, state: State, *, slots: int = 1, controls: bool = False,
-                 controls_beside: bool = False, gate_sweep: bool = False) -> None:
+    def __init__(self, state: State, *, slots: int | Callable[[], int] = 1,
+                 controls: bool = False, controls_beside: bool = False,
+                 gate_sweep: bool = False) -> None:
         self.state = state
-        self.slots = max(1, slots)
+        self._slots = slots
         self.controls = controls
         self.controls_beside = controls_beside
         self.gate_sweep = gate_sweep and state.header.get("level") == "release"
@@ -73,6 +74,11 @@ class BisectDesign:
         # the gate's sweep: handed out (once a run), and the candidates not yet back
         self._swept = False
         self._gating: set[str] = set()
+
+    @property
+    def slots(self) -> int:
+        """Lifetimes that may run at once now (a GPU that backed off holds fewer)."""
+        return max(1, self._slots() if callable(self._slots) else self._slots)
 
     # -- the Design protocol ----------------------------------------------------------------
 

@@ -32,17 +32,19 @@
 #
 # Env: DEV (/tmp/dev), CARRY (.devcarry), OUT, DEADLINE_S (540), GOOD (0.28.0), BAD (0.22.0),
 # GATE_OPS (unset: the full gate; a space-separated op list limits it, as release_proof's locate),
-# RELEASES_ONLY (a space-separated subset of the ten, for a shorter range), PER_GPU (2: lifetimes
-# sharing the GPU; each server is then told its KV cache size, 3 GiB, the
-# seed's 27,744 tokens, so it skips vLLM's free-memory profile and boots beside the other; and
-# the controls' server gets a slot of its own beside them: [runtime] controls_own_slot).
+# RELEASES_ONLY (a space-separated subset of the ten, for a shorter range), PER_GPU ("auto", the
+# recipe's default: as many lifetimes on the GPU as its free memory holds, at most 6 until the
+# probe's co-residency says otherwise, each server told its KV cache size, the controls on slots
+# of their own: bisect_tool/runtime/sizing.py; a number N > 1: N, each told 3 GiB, the seed's
+# 27,744 tokens, so it skips vLLM's free-memory profile, and the controls' server on a slot of
+# its own: [runtime] controls_own_slot; 1: one lifetime at a time).
 set -euo pipefail
 DEV=${DEV:-/tmp/dev}
 CARRY=${CARRY:-.devcarry}
 OUT=${OUT:-$DEV/out}
 DEADLINE_S=${DEADLINE_S:-540}
 GOOD=${GOOD:-0.28.0}
-PER_GPU=${PER_GPU:-2}
+PER_GPU=${PER_GPU:-auto}
 BAD=${BAD:-0.22.0}
 PY=${PY:-python3}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -105,14 +107,16 @@ recipe() {  # the bundled recipe completed for this machine
   # PER_GPU lifetimes at once on the GPU. Servers profiling one GPU at once each count the
   # other's memory as their own ("Available KV cache memory: -0.67 GiB", docs/h200/releases):
   # with more than one, each is told its KV cache size (--kv-cache-memory-bytes: no profile)
-  local share="" OWN_SLOT=false
-  if [ "$PER_GPU" -gt 1 ]; then
+  local share="" OWN_SLOT=false per_gpu=$PER_GPU
+  if [ "$PER_GPU" = auto ]; then
+    per_gpu='"auto"'  # sized from the card when the run starts (the tool adds the KV size)
+  elif [ "$PER_GPU" -gt 1 ]; then
     # and the controls' server gets a slot of its own beside them (three servers of ~4 GiB
     # on the card), so the confirm step keeps both lifetimes' slots
     OWN_SLOT=true
     share='\n  "--gpu-memory-utilization", "0.3",\n  "--kv-cache-memory-bytes", "3221225472",'
   fi
-  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $PER_GPU\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
+  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $per_gpu\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
       -e "s|^  \"--skip-tokenizer-init\",|  \"--skip-tokenizer-init\",$share|" \
       -e "s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
       -e "s|^weights = \"random:models/qwen3-0.6b\"|weights = \"random:$PWD/bisect_tool/recipes/models/qwen3-0.6b\"|" \
