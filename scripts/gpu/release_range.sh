@@ -24,6 +24,10 @@
 #             neither timed run pays for it
 #   bisect    tiered (the op check narrows, lifetimes confirm), state $DEV/state-tiered
 #   nonarrow  --no-narrow (lifetimes only), state $DEV/state-nonarrow
+#   cold      the default run from an emptied cache (issue 39, item 5: "artifacts carried in,
+#             the cache emptied"): $DEV/cache-cold holds only the listing, and each release's
+#             files come from its carried folder ($DEV/so/V, [artifacts] local_paths), state
+#             $DEV/state-cold
 #             Each: `bisect start`, or `bisect resume` when its journal exists; bounded by
 #             DEADLINE_S (SIGTERM: the run journals and stops), resumed by the next call. The
 #             seconds of every call are appended to $DEV/times-MODE.tsv and summed.
@@ -98,8 +102,13 @@ untar_xz() {  # SRC DIR
 sha_ok() {  # FILE SHA
   [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
 }
-recipe() {  # the bundled recipe completed for this machine
-  local f=$DEV/batch-invariance-range.toml gate=""
+recipe() {  # the bundled recipe completed for this machine (COLD=1: its files from $DEV/so)
+  local f=$DEV/batch-invariance-range${COLD:+-cold}.toml gate="" sources='sources = ["wheel-index", "release", "local", "source-build"]'
+  if [ -n "${COLD:-}" ]; then
+    local v paths=()
+    for v in "${RELEASES[@]}"; do paths+=("\"v$v\" = \"$DEV/so/$(file_of "$v")\""); done
+    sources="sources = [\"local\"]\nlocal_paths = { $(IFS=,; echo "${paths[*]}") }"
+  fi
   if [ -n "${GATE_OPS:-}" ]; then
     local ops; read -ra ops <<<"$GATE_OPS"
     gate="gate_ops = [$(printf '"%s", ' "${ops[@]}" | sed 's/, $//')]"
@@ -119,6 +128,7 @@ recipe() {  # the bundled recipe completed for this machine
   sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $per_gpu\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
       -e "s|^  \"--skip-tokenizer-init\",|  \"--skip-tokenizer-init\",$share|" \
       -e "s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
+      -e "s|^sources = \[.*\]$|$sources|" \
       -e "s|^weights = \"random:models/qwen3-0.6b\"|weights = \"random:$PWD/bisect_tool/recipes/models/qwen3-0.6b\"|" \
       bisect_tool/recipes/batch-invariance.toml >"$f"
   grep -q "^pinned_package_dir = \"$DEV/site\"" "$f" || { log "recipe: the bundled recipe changed; fix the sed in recipe()"; exit 2; }
@@ -312,6 +322,17 @@ run_bisect() {  # MODE [start flags...]
   local mode=$1; shift
   local sd=$DEV/state-$mode r rc t0 state
   all_imported || return 1
+  if [ "$mode" = cold ]; then
+    # an emptied cache with only the listing (no index is reachable here); emptied once, at the
+    # run's start: a resumed cold run keeps what it fetched
+    export BISECT_CACHE_DIR=$DEV/cache-cold COLD=1
+    if [ ! -f "$sd/journal.jsonl" ]; then
+      rm -rf "$BISECT_CACHE_DIR" && mkdir -p "$BISECT_CACHE_DIR/index"
+      cp "$DEV/cache/index/vllm.json" "$BISECT_CACHE_DIR/index/vllm.json"
+      # the random checkpoint is the model, not an artifact: the same one as the cached runs'
+      [ -d "$DEV/cache/models" ] && cp -r "$DEV/cache/models" "$BISECT_CACHE_DIR/models"
+    fi
+  fi
   r=$(recipe)
   if [ -f "$sd/journal.jsonl" ]; then
     state=$("$PY" -m bisect_tool status --json --state-dir "$sd" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["state"])')
@@ -344,7 +365,7 @@ step_report() {
   # everything else in one archive.
   local mode sd rec=$DEV/record
   rm -rf "$rec" && mkdir -p "$rec"
-  for mode in tiered nonarrow; do
+  for mode in tiered nonarrow cold; do
     sd=$DEV/state-$mode
     [ -f "$sd/journal.jsonl" ] || { log "report: $mode has no journal"; continue; }
     "$PY" -m bisect_tool report --state-dir "$sd" -o "$rec/report-$mode.md" || true
@@ -367,8 +388,9 @@ for step in "$@"; do
     model) step_model ;;
     bisect) run_bisect tiered ;;
     nonarrow) run_bisect nonarrow --no-narrow ;;
+    cold) (run_bisect cold) ;;
     report) step_report ;;
-    *) echo "unknown step $step (stack, so, verify, model, bisect, nonarrow, report)" >&2; exit 2 ;;
+    *) echo "unknown step $step (stack, so, verify, model, bisect, nonarrow, cold, report)" >&2; exit 2 ;;
   esac
   log "$step done ($(( $(date +%s) - t0 )) s)"
 done
