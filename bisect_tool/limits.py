@@ -72,7 +72,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "cache_max_bytes": AT_LEAST_0,
         "prefetch": Bound(-1),  # -1: the run chooses
     },
-    "runtime": {"boot_timeout_s": POSITIVE, "lifetimes_per_gpu": AT_LEAST_1},
+    "runtime": {"boot_timeout_s": POSITIVE, "lifetimes_per_gpu": AT_LEAST_1,
+                "gpus_per_lifetime": AT_LEAST_1},
     "probe": {
         "requests": AT_LEAST_1,
         "fillers": AT_LEAST_0,

@@ -76,6 +76,11 @@ class RuntimeSettings:
     model_cache: str = ""  # mounted read-only into containers
     weights: str = ""  # "random:CONFIG" makes a random checkpoint; a dir uses it; "" = server args
     gpus: tuple[str, ...] = ()
+    # GPUs of one host a lifetime takes: vLLM's tensor-parallel size (--tensor-parallel-size is
+    # passed, and the NCCL settings vLLM's batch-invariance mode sets are kept in every
+    # lifetime's environment: bisect_tool/wiring.py, TP_DETERMINISM_ENV). The bugs that live only
+    # with TP (vLLM #51290, #50136, #56370) need 2 or more; list at least as many GPUs.
+    gpus_per_lifetime: int = 1
     # The compatibility gate compares these ops only ("_C::rms_norm" or "rms_norm"; empty: every
     # op the pinned extension registers). For a crossing of two releases (`bisect locate`),
     # where the newer Python registers ops the older extension lacks but this workload never
@@ -349,6 +354,11 @@ def check_whole(recipe: Recipe, source: str) -> None:
         raise RecipeError(f"{source}: 'runtime.gpus' holds an empty GPU id; give ids like [\"0\"]")
     if len(set(r.gpus)) != len(r.gpus):
         raise RecipeError(f"{source}: 'runtime.gpus' lists a GPU twice; give each GPU once")
+    if r.gpus_per_lifetime > 1 and len(r.gpus) < r.gpus_per_lifetime:
+        raise RecipeError(
+            f"{source}: 'runtime.gpus_per_lifetime' is {r.gpus_per_lifetime} but 'runtime.gpus' "
+            f"lists {len(r.gpus)}; list at least as many GPUs of one host (--gpus 0,1,...)"
+        )
 
 
 def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) -> Any:

@@ -148,7 +148,8 @@ def gpu_pool(runtime: RuntimeSettings, probe: ProbeSettings | None = None) -> Gp
     their negative control is spread over (``[probe] negative_servers``)."""
     return GpuPool(runtime.gpus, per_gpu=runtime.per_gpu() or 1,
                    controls_slot=runtime.controls_own_slot,
-                   controls_servers=probe.negative_servers if probe is not None else 1)
+                   controls_servers=probe.negative_servers if probe is not None else 1,
+                   width=runtime.gpus_per_lifetime if runtime.gpus else 1)
 
 
 @contextmanager
@@ -251,7 +252,8 @@ def open_evaluators(
 
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    recipe = sized(resolve_weights(recipe, progress=notes_to(observer)), observer)
+    recipe = tensor_parallel(sized(resolve_weights(recipe, progress=notes_to(observer)),
+                                   observer))
     kind = probe_kind(recipe)
     with open_provider(
         recipe, repo, log_dir=log_dir, session=session, observer=observer
@@ -274,11 +276,10 @@ def open_sides(
 ) -> Iterator[tuple[dict[str, Evaluators], int]]:
     """One set of evaluators per named recipe (``bisect locate``: one per Python side), sharing
     ``provider`` and one GPU pool; and how many lifetimes may run at once over them all."""
-    first = sized(next(iter(recipes.values())), observer)
+    first = tensor_parallel(sized(next(iter(recipes.values())), observer))
     recipes = {name: replace(recipe, runtime=replace(
         recipe.runtime, lifetimes_per_gpu=first.runtime.lifetimes_per_gpu,
-        server_args=first.runtime.server_args if recipe.runtime.per_gpu() is None
-        else recipe.runtime.server_args,
+        server_args=first.runtime.server_args, env=first.runtime.env,
         controls_own_slot=first.runtime.controls_own_slot)) for name, recipe in recipes.items()}
     pool = gpu_pool(first.runtime, first.probe)
     with contextlib.ExitStack() as stack:
@@ -289,6 +290,45 @@ def open_sides(
             for name, recipe in recipes.items()
         }
         yield sides, pool.size
+
+
+#: what vLLM's batch-invariance mode sets in its own environment (vllm/model_executor/layers/
+#: batch_invariant.py, override_envs_for_invariance): NCCL's tree all-reduce with the Simple
+#: protocol on one channel, no symmetric-memory all-reduce, a fixed cuBLAS workspace. A
+#: tensor-parallel lifetime gets them in its environment from the start, whatever its switch:
+#: the controls' servers run with the switch off, where vLLM sets none of them, and a release
+#: older than the override sets none either; so every lifetime of a run reduces the same way,
+#: and only the kernels under test differ. The recipe's own [runtime.env] wins.
+TP_DETERMINISM_ENV = {
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NCCL_LAUNCH_MODE": "GROUP",
+    "NCCL_COLLNET_ENABLE": "0",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_P2P_NET_DISABLE": "1",
+    "NCCL_MIN_NCHANNELS": "1",
+    "NCCL_MAX_NCHANNELS": "1",
+    "NCCL_PROTO": "Simple",
+    "NCCL_ALGO": "allreduce:tree",
+    "NCCL_NTHREADS": "1",
+    "NCCL_SOCKET_NTHREADS": "1",
+}
+TP_FLAG = "--tensor-parallel-size"
+
+
+def tensor_parallel(recipe: Recipe) -> Recipe:
+    """``[runtime] gpus_per_lifetime`` > 1: each server is told its tensor-parallel size (unless
+    its server_args say one) and keeps the NCCL settings of vLLM's batch-invariance mode
+    (``TP_DETERMINISM_ENV``)."""
+    runtime = recipe.runtime
+    width = runtime.gpus_per_lifetime
+    if width <= 1 or recipe.probe.kind != ProbeKind.SERVER:
+        return recipe
+    args = list(runtime.server_args)
+    if not any(a == TP_FLAG or a.startswith(TP_FLAG + "=") for a in args):
+        args += [TP_FLAG, str(width)]
+    env = {**TP_DETERMINISM_ENV, **runtime.env}
+    return replace(recipe, runtime=replace(runtime, server_args=tuple(args), env=env))
 
 
 def sized(recipe: Recipe, observer: Observer = ignore, read: ReadCards = read_cards) -> Recipe:

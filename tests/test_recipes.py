@@ -14,7 +14,8 @@ from bisect_tool.errors import RecipeError
 
 def test_bundled_recipes_are_listed_and_load() -> None:
     assert recipe.bundled_names() == [
-        "batch-invariance", "batch-invariance-op", "demo", "demo-op", "demo-python"
+        "batch-invariance", "batch-invariance-op", "demo", "demo-op", "demo-python",
+        "tp-batch-invariance",
     ]
     for name in recipe.bundled_names():
         assert recipe.load(name).name == name

@@ -87,17 +87,22 @@ class GpuPool:
             return self._capacity[gpu]
 
     @contextlib.contextmanager
-    def lease(self, timeout: float | None = None) -> Iterator[str | None]:
-        """Free GPUs for one lifetime, ``width`` of them as one id list ("0,1"; ``None`` for an
-        anonymous slot), given back on exit even on error."""
+    def lease(self, timeout: float | None = None, width: int | None = None
+              ) -> Iterator[str | None]:
+        """Free GPUs for one lifetime, ``width`` of them (the pool's by default) as one id list
+        ("0,1"; ``None`` for an anonymous slot), given back on exit even on error."""
+        wide = self.width if width is None or not self._ids else width
+        if wide > len(self._ids) and self._ids:
+            raise UsageError(f"a lifetime of {wide} GPUs on a run of {len(self._ids)}: list "
+                             "more GPUs (--gpus)")
         ticket = next(self._tickets)
         with self._cond:
             self._queue.append(ticket)
             try:
                 if not self._cond.wait_for(lambda: self._queue[0] == ticket
-                                           and self._pick() is not None, timeout):
+                                           and self._pick(wide) is not None, timeout):
                     raise TimeoutError(f"no GPU free within {timeout} s")
-                picked = self._pick()
+                picked = self._pick(wide)
                 assert picked is not None
                 self._take(picked, lifetime=True)
             finally:
@@ -171,17 +176,17 @@ class GpuPool:
 
     # -- under ``_cond`` ---------------------------------------------------------------------
 
-    def _pick(self) -> list[str] | None:
+    def _pick(self, width: int) -> list[str] | None:
         """The GPUs the next lifetime would take ([] for an anonymous slot), None: none free.
         The ``width`` GPUs with the most free shares (the least crowded first)."""
         if not self._ids:
             return [] if self._anonymous_held < self._anonymous else None
         free = [g for g in self._ids if self._held[g] < self._capacity[g]]
-        if len(free) < self.width:
+        if len(free) < width:
             return None
         free.sort(key=lambda g: (self._held[g] - self._capacity[g], self._on[g],
                                  self._ids.index(g)))
-        return sorted(free[:self.width], key=self._ids.index)
+        return sorted(free[:width], key=self._ids.index)
 
     def _take(self, picked: Iterable[str], *, lifetime: bool) -> None:
         picked = list(picked)

@@ -199,7 +199,8 @@ def size(
     if not cards:
         return None
     card = min(cards, key=lambda c: c.free)  # every GPU the same: the tightest decides
-    weights = weights_bytes(runtime.model)
+    # a tensor-parallel server holds its share of the weights on each of its GPUs
+    weights = weights_bytes(runtime.model) // max(1, runtime.gpus_per_lifetime)
     given_kv = _flag_int(runtime.server_args, KV_CACHE_SIZE_FLAG)
     kv_min = given_kv or kv_bytes_needed(runtime.model, probe, runtime.server_args)
     server = weights + SERVER_OVERHEAD_BYTES + kv_min
