@@ -204,3 +204,22 @@ def test_on_one_fake_gpu_the_coresidency_falls_as_demo_servers_are_added_and_aut
     assert seen[2] == [(Verdict.CLEAN, 12)] * 2, seen
     assert pool.capacity("0") == 2
     assert max(c for _, c in seen[4]) <= min(c for _, c in seen[3]) < 12, seen
+
+
+def test_lifetimes_spread_over_every_gpu_of_the_host_several_a_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44: `--gpus 0,1` with "auto": each card holds what its memory allows, and leases
+    go to the least crowded card first, so the first lifetimes take one GPU each, then share."""
+    from bisect_tool.wiring import gpu_pool
+
+    fake_nvidia_smi(tmp_path, 81_100, 81_559)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    model = checkpoint(tmp_path, int(1.1 * GIB))
+    recipe = sized(Recipe("r", runtime=RuntimeSettings(gpus=("0", "1"), model=str(model))))
+    pool = gpu_pool(recipe.runtime, recipe.probe)
+    assert recipe.runtime.lifetimes_per_gpu == AUTO_MOST_PER_GPU
+    assert pool.size == 2 * AUTO_MOST_PER_GPU
+    with pool.lease() as a, pool.lease() as b, pool.lease() as c, pool.lease() as d:
+        assert (a, b, c, d) == ("0", "1", "0", "1")
+        assert pool.sharing("0") == pool.sharing("1") == 2

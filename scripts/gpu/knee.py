@@ -2,6 +2,7 @@
 ``[runtime] lifetimes_per_gpu = "auto"`` stops at (``bisect_tool.runtime.sizing``).
 
     python scripts/gpu/knee.py RECIPE [--counts 1,2,4,6,8,10,12] [--gpu 0] [--out DIR]
+    python scripts/gpu/knee.py RECIPE --counts 4 --gpu 0,1,2,3     (issue 44: k GPUs at once)
 
 For each count n: n fresh server lifetimes of the recipe's pinned stack at once on one GPU (its
 own extension in place: a clean or buggy verdict is beside the point here), each server told
@@ -80,13 +81,17 @@ class _Peak:
         self._thread.join()
 
 
-def one_round(recipe: Any, gpu: str, n: int, log_dir: Path) -> dict[str, Any]:
+def one_round(recipe: Any, gpus: list[str], n: int, log_dir: Path) -> dict[str, Any]:
+    """``n`` lifetimes a GPU on each of ``gpus`` at once (issue 44: k GPUs against one)."""
     runtime = recipe.runtime
-    cards = read_cards([gpu], runtime.interpreter(), runtime.env)
+    gpu = gpus[0]
+    cards = read_cards(gpus, runtime.interpreter(), runtime.env)
     found = size(runtime, recipe.probe, cards, most=n)
     args = found.server_args(runtime.server_args) if found is not None else runtime.server_args
-    runtime = dataclasses.replace(runtime, gpus=(gpu,), lifetimes_per_gpu=n, server_args=args)
-    pool = GpuPool((gpu,), per_gpu=n)
+    runtime = dataclasses.replace(runtime, gpus=tuple(gpus), lifetimes_per_gpu=n,
+                                  server_args=args)
+    pool = GpuPool(tuple(gpus), per_gpu=n)
+    n *= len(gpus)
     backend = LocalBackend(runtime, session=f"knee{n}", log_dir=log_dir)
     pinned = backend.package_dir("vllm") / "_C_stable_libtorch.abi3.so"
     swap = SwapSet("pinned" + "0" * 34, {"vllm/_C_stable_libtorch.abi3.so": pinned})
@@ -128,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/gpu/knee.py")
     parser.add_argument("recipe")
     parser.add_argument("--counts", default="1,2,4,6,8,10,12")
-    parser.add_argument("--gpu", default="0")
+    parser.add_argument("--gpu", default="0",
+                        help="the GPU, or several (0,1,2,3): COUNT lifetimes on each at once")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args(argv)
     recipe = resolve_weights(recipe_mod.load(args.recipe), progress=print)
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     print("servers  reached/target  least  median  boot_s  probe_s  round_s  lifetimes/h  "
           "MiB/server  verdicts", flush=True)
     for n in (int(c) for c in args.counts.split(",") if c):
-        row = one_round(recipe, args.gpu, n, args.out / f"logs-{n}")
+        row = one_round(recipe, args.gpu.split(","), n, args.out / f"logs-{n}")
         with table.open("a") as f:
             f.write("\t".join(f"{row[c]:.1f}" if isinstance(row[c], float) else str(row[c])
                               for c in cols) + "\n")

@@ -49,6 +49,7 @@ OUT=${OUT:-$DEV/out}
 DEADLINE_S=${DEADLINE_S:-540}
 GOOD=${GOOD:-0.28.0}
 PER_GPU=${PER_GPU:-auto}
+GPUS=${GPUS:-0}  # the GPUs lifetimes spread over (issue 44: "0,1,2,3")
 BAD=${BAD:-0.22.0}
 PY=${PY:-python3}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -125,7 +126,7 @@ recipe() {  # the bundled recipe completed for this machine (COLD=1: its files f
     OWN_SLOT=true
     share='\n  "--gpu-memory-utilization", "0.3",\n  "--kv-cache-memory-bytes", "3221225472",'
   fi
-  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $per_gpu\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
+  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [$(echo "$GPUS" | sed 's/[^,][^,]*/\\"&\\"/g; s/,/, /g')]\nlifetimes_per_gpu = $per_gpu\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
       -e "s|^  \"--skip-tokenizer-init\",|  \"--skip-tokenizer-init\",$share|" \
       -e "s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
       -e "s|^sources = \[.*\]$|$sources|" \
