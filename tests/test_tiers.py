@@ -675,8 +675,15 @@ class Gated(Scripted):
 
 
 def _release_run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any, parallel: int,
-                 controls: Any) -> tuple[dict[str, Any], Path]:
-    """A release-level run (``level`` release) with the controls on a slot of their own."""
+                 controls: Any, notes: list[str] | None = None) -> tuple[dict[str, Any], Path]:
+    """A release-level run (``level`` release) with the controls on a slot of their own; the
+    notes it tells its observer go to ``notes``."""
+    from bisect_tool.events import Note
+
+    def observe(event: object) -> None:
+        if notes is not None and isinstance(event, Note):
+            notes.append(event.text)
+
     path = tmp_path / "journal.jsonl"
     recipe = Recipe("t").to_dict()
     recipe["probe"]["narrow"] = "op" if narrow is not None else ""
@@ -686,7 +693,7 @@ def _release_run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any, p
         state = session.replay(read(path))
         evaluators = Evaluators(faithful, parallel, controls, narrow=narrow,
                                 controls_beside=True)
-        summary = bisect_loop(journal, state, evaluators, controls=True)
+        summary = bisect_loop(journal, state, evaluators, controls=True, observer=observe)
     return summary, path
 
 
@@ -701,8 +708,11 @@ def test_every_release_is_gated_at_once_before_any_server_boots(tmp_path: Path) 
     refused = shas[9:]  # a fix: the good end is the newest; the three newest are refused
     faithful = Gated(shas, 5, 1.0, refused=refused)
     ran: list[str] = []
-    summary, path = _release_run(tmp_path, rng, None, faithful, 2, _Controls(None, ran))
+    notes: list[str] = []
+    summary, path = _release_run(tmp_path, rng, None, faithful, 2, _Controls(None, ran), notes)
     assert summary["state"] == "done" and summary["flip_commit"] == shas[5]
+    assert "gating 12 releases at once before any server boots" in notes
+    assert sum(n.startswith("the gate refused") and "rms_norm" in n for n in notes) == 3
     assert sorted(faithful.gated) == sorted(shas) and faithful.peak >= 4
     assert not faithful.booted_while_gating
     assert ran == [shas[8]]  # the controls, once, on the nearest testable release

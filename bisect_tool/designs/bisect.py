@@ -248,7 +248,11 @@ class BisectDesign:
 
     def progress(self, item: Item) -> Event | None:
         if item.gate:
-            return None
+            position = item.key[0]
+            why = self.state.untestable_why.get(position)
+            if position not in self.state.strategy.summary().untestable or why is None:
+                return None
+            return Note(f"the gate refused {self.state.candidates[position].label}: {why}")
         s = self.state.strategy_for(item.key[1]).summary()
         return PosteriorMoved(
             len(self.state.seen_lifetimes),
