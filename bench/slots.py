@@ -21,6 +21,15 @@ the background as the engine starts them, holding a GPU lease for as long as the
 (223 s from their start to their server's end), once on one of the lifetimes' slots (the
 record's setup) and once on a slot of their own. Lifetimes and controls lease the real
 ``GpuPool`` (``wiring.gpu_pool``); the engine waits for the controls before it ends, as it does.
+
+Then issue 39 (``--issue39``): the slots (item 1: the tiered run with 1, 2 and 4 slots, the
+time with 1 over the time with k measured in the same run), and the controls off the critical
+path (item 3) on issue 39's two-slot run: 12 releases, the gate refusing the three newest (the
+good end's side, as there), a gate check 9 s, a boot 45 s, the positive control 5 s, the
+negative control's pass 119 s on one server. On the critical path: no sweep (a refused release
+is found when the op check or the controls reach it, one at a time), the controls on a
+lifetime's slot, the negative pass on one server. Off it: every release gated at once before
+the first boot, the controls on slots of their own, the negative pass dealt over 3 servers.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from bisect_tool.designs.bisect import BisectDesign  # noqa: E402
 from bisect_tool.engine import Engine  # noqa: E402
 from bisect_tool.journal import Journal, read  # noqa: E402
 from bisect_tool.range import Candidate, CommitRange  # noqa: E402
-from bisect_tool.recipe import Recipe, RuntimeSettings  # noqa: E402
+from bisect_tool.recipe import ProbeSettings, Recipe, RuntimeSettings  # noqa: E402
 from bisect_tool.runtime.gpus import GpuPool  # noqa: E402
 from bisect_tool.values import Direction, Observation, Verdict  # noqa: E402
 from bisect_tool.wiring import Evaluators, gpu_pool  # noqa: E402
@@ -226,6 +235,154 @@ def compare_controls(seeds: int, scale: float, slots: int) -> None:
               "controls on their own slot": results["own"]}, "shared / own")
 
 
+#: issue 39's figures from the H100 (the record and the issue): a gate check (a schema dump),
+#: a lifetime's boot alone, the positive control, the negative control's pass on one server
+GATE_S, BOOT_S, POSITIVE_S, NEGATIVE_S = 9.0, 45.0, 5.0, 119.0
+
+
+class GatedOp(Simulated):
+    """The op check, which gates each candidate it runs beside it (``OpEvaluator``): a refused
+    one's run says so in its detail, and takes as long as the gate when that is longer."""
+
+    def __init__(self, refused: set[str], *args: Any) -> None:
+        super().__init__(*args)
+        self.refused = refused
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+        obs = super().evaluate(commit, lifetime_id, tags)
+        time.sleep(max(0.0, GATE_S - OP_RUN_S) * self.scale)
+        gate = "candidate lacks op `_C::rms_norm`" if commit in self.refused else "ok"
+        return Observation(obs.commit, obs.verdict, lifetime_id, {"gate": gate}, "",
+                           obs.duration_s)
+
+
+class GatedLifetimes(Leased):
+    """Lifetimes whose gate refuses ``refused`` before any boot (a lifetime asked for one is
+    UNTESTABLE after the gate's seconds); ``gate_check``: the gate alone (the sweep)."""
+
+    def __init__(self, refused: set[str], *args: Any) -> None:
+        super().__init__(*args)
+        self.refused = refused
+
+    def gate_check(self, commit: str, tags: object = ()) -> Observation:
+        time.sleep(GATE_S * self.scale)
+        if commit in self.refused:
+            return Observation(commit, Verdict.UNTESTABLE, f"gate-{commit}", {"stage": "gate"},
+                               "candidate lacks op `_C::rms_norm`", GATE_S)
+        return Observation(commit, Verdict.CLEAN, f"gate-{commit}", {"stage": "gate"}, "",
+                           GATE_S)
+
+    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+        if commit in self.refused:
+            return self.gate_check(commit)
+        return super().evaluate(commit, lifetime_id, tags)
+
+
+class SpreadControls:
+    """The controls on ``commit``: gated first (a refused one answers untestable after the
+    gate's seconds); then ``spread`` servers boot at once on the controls' leases, the first
+    runs the positive control, and the negative pass is dealt over all of them."""
+
+    def __init__(self, pool: GpuPool, servers: Servers, commit: str, refused: set[str],
+                 spread: int, scale: float) -> None:
+        self.pool, self.servers, self.commit = pool, servers, commit
+        self.refused, self.spread, self.scale = refused, spread, scale
+
+    def _server(self, part: int) -> None:
+        with self.pool.controls_lease(), self.servers.up():
+            time.sleep((BOOT_S + (POSITIVE_S if part == 0 else 0.0)
+                        + NEGATIVE_S / self.spread) * self.scale)
+
+    def run(self) -> dict[str, Any]:
+        time.sleep(GATE_S * self.scale)
+        if self.commit in self.refused:
+            return dict(entries.controls(self.commit, False, "the controls could not run: "
+                                         "candidate lacks op `_C::rms_norm`", {}, attempts=0,
+                                         untestable=True))
+        threads = [threading.Thread(target=self._server, args=(i,))
+                   for i in range(self.spread)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return dict(entries.controls(self.commit, True, "", {}, attempts=1))
+
+
+def critical_path_run(folder: Path, off: bool, seed: int, scale: float,
+                      slots: int = 2) -> dict[str, Any]:
+    """Issue 39's run: 12 releases, the three newest refused by the gate, two lifetime slots;
+    the controls on the critical path (``off`` False) or off it."""
+    n = 12
+    rng = _range(n)
+    shas = [c.sha for c in rng.candidates]
+    refused = set(shas[-3:])
+    flip = 1 + zlib.crc32(f"flip/{seed}".encode()) % (n - 4)
+    recipe = Recipe("bench").to_dict()
+    recipe["probe"]["narrow"] = "op"
+    spread = 3 if off else 1
+    pool = gpu_pool(RuntimeSettings(gpus=("0",), lifetimes_per_gpu=slots, controls_own_slot=off),
+                    ProbeSettings(negative_servers=spread))
+    servers = Servers()
+    faithful = GatedLifetimes(refused, pool, servers, shas, flip, 0.9, 0.01, seed, scale,
+                              H100_LIFETIMES_S)
+    narrow = GatedOp(refused, shas, flip, 1.0, 0.0, seed, scale, (OP_RUN_S,))
+
+    def controls_for(commit: str) -> SpreadControls:
+        return SpreadControls(pool, servers, commit, refused, spread, scale)
+
+    evaluators = Evaluators(faithful, slots, controls_for=controls_for, narrow=narrow)
+    path = folder / "journal.jsonl"
+    started = time.perf_counter()
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng, recipe=recipe, mode="recipe", level="release"))
+        state = session.replay(read(path))
+        design = BisectDesign(state, slots=slots, controls=True, controls_beside=off,
+                              gate_sweep=off)
+        Engine(journal, design, evaluators.arms(), parallel=slots,
+               controls_for=evaluators.controls_for).run()
+    contents = read(path)
+    return {
+        "seconds": (time.perf_counter() - started) / scale,
+        "lifetimes": sum(1 for o in contents.observations
+                         if o.get("tier") != "narrow" and o.get("verdict") != "untestable"),
+        "right": state.summary().get("flip_commit") == shas[flip],
+        "refused_controls": sum(1 for c in contents.of_type("controls") if c.get("untestable")),
+        "peak_servers": servers.peak,
+    }
+
+
+def slots_run(folder: Path, slots: int, seed: int, scale: float) -> dict[str, Any]:
+    """The tiered run over 10 releases on ``slots`` slots, no controls (item 1)."""
+    return one_run(folder, 10, True, BisectDesign, seed, scale, slots)
+
+
+def issue39(seeds: int, scale: float) -> None:
+    results: dict[int, list[dict[str, Any]]] = {1: [], 2: [], 4: []}
+    for seed in range(seeds):
+        for k in (1, 2, 4) if seed % 2 == 0 else (4, 2, 1):
+            with tempfile.TemporaryDirectory(prefix="bench-slots-") as tmp:
+                results[k].append(slots_run(Path(tmp), k, seed, scale))
+    print(f"\nissue 39, item 1: tiered, 10 releases, 1, 2 and 4 slots, {seeds} histories "
+          "(GPU seconds):")
+    _compare({"1 slot": results[1], "2 slots": results[2]}, "1 slot / 2 slots")
+    _compare({"1 slot": results[1], "4 slots": results[4]}, "1 slot / 4 slots")
+    paths: dict[str, list[dict[str, Any]]] = {"on": [], "off": [], "off, 6 slots": []}
+    modes = (("on", False, 2), ("off", True, 2), ("off, 6 slots", True, 6))
+    for seed in range(seeds):
+        for name, off, k in modes if seed % 2 == 0 else modes[::-1]:
+            with tempfile.TemporaryDirectory(prefix="bench-controls-") as tmp:
+                paths[name].append(critical_path_run(Path(tmp), off, seed, scale, k))
+    print(f"\nissue 39, item 3: tiered, 12 releases (3 refused by the gate), the controls on "
+          f"and off the critical path, {seeds} histories (GPU seconds):")
+    _compare({"on, 2 slots": paths["on"], "off, 2 slots": paths["off"]}, "on / off")
+    _compare({"on, 2 slots": paths["on"], "off, 6 slots (auto's most)": paths["off, 6 slots"]},
+             "on, 2 slots / off, 6 slots")
+    for name, runs in paths.items():
+        print(f"  {name}: controls refused before they ran "
+              f"{statistics.mean(r['refused_controls'] for r in runs):.1f} times a run; "
+              f"most servers up at once {max(r['peak_servers'] for r in runs)}")
+
+
 def _compare(modes: dict[str, list[dict[str, Any]]], ratio_name: str) -> None:
     """Each mode's time to answer, lifetimes and right answers, then the first's time over the
     second's, paired by history."""
@@ -250,9 +407,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--controls-only", action="store_true",
                         help="only the controls' comparison (shared slot against their own)")
+    parser.add_argument("--issue39", action="store_true",
+                        help="only issue 39's: 1, 2, 4 slots; the controls on and off the "
+                        "critical path")
     args = parser.parse_args(argv)
     print(f"# python bench/slots.py --seeds {args.seeds} --scale {args.scale} "
-          f"--slots {args.slots}" + (" --controls-only" if args.controls_only else ""))
+          f"--slots {args.slots}" + (" --controls-only" if args.controls_only else "")
+          + (" --issue39" if args.issue39 else ""))
+    if args.issue39:
+        issue39(args.seeds, args.scale)
+        return 0
     for label, n, tiered in () if args.controls_only else (
             ("tiered, 10 releases", 10, True), ("lifetimes only, 60 commits", 60, False)):
         results: dict[str, list[dict[str, Any]]] = {"refill": [], "batches": []}

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from bisect_tool.designs import Design, Finish, Item, Record, Work
+from bisect_tool.designs import Design, Finish, Item, Record, Wait, Work
 from bisect_tool.errors import InfrastructureError
 from bisect_tool.events import (
     ControlsEnded,
@@ -37,7 +37,7 @@ from bisect_tool.events import (
     RunEnded,
     ignore,
 )
-from bisect_tool.interfaces import Evaluator
+from bisect_tool.interfaces import Evaluator, Gates
 from bisect_tool.journal import Journal
 from bisect_tool.values import Observation, short
 
@@ -50,6 +50,9 @@ class ControlsRunner(Protocol):
 
 #: commit -> its controls runner (None: this backend has none)
 ControlsFor = Callable[[str], ControlsRunner | None]
+#: items run in the background at once: the controls, and a release-level run's gate checks
+#: (one interpreter each, 7-11 s on the H100: ten releases gated side by side, not in turn)
+BACKGROUND_WORKERS = 8
 
 
 def _no_controls(_commit: str) -> None:
@@ -98,11 +101,14 @@ class Engine:
         parallel: int = 1,
         controls_for: ControlsFor = _no_controls,
         observer: Observer = ignore,
+        capacity: Callable[[], int] | None = None,
     ) -> None:
         self.journal = journal
         self.design = design
         self.arms = arms
         self.parallel = max(1, parallel)
+        # how many may run now, at most ``parallel`` (a GPU that backed off holds fewer)
+        self.capacity = capacity
         self.controls_for = controls_for
         self.observer = observer
         self._durations: dict[str, list[float]] = {}
@@ -113,6 +119,8 @@ class Engine:
         # (``Design.refill``) instead of standing idle until the others end
         self._running: dict[Future[Observation | Mapping[str, Any]], Item] = {}
         self._pool: ThreadPoolExecutor | None = None
+        # the gate sweep's checks in the background (the controls have daemon threads)
+        self._background_pool: ThreadPoolExecutor | None = None
 
     def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Journal ``entry`` and apply it, as written, to the design."""
@@ -128,7 +136,7 @@ class Engine:
                     self._collect_running()
                     if self._running:
                         work = self.design.refill(
-                            tuple(self._running.values()), self.parallel - len(self._running))
+                            tuple(self._running.values()), self._slots() - len(self._running))
                         if work is not None:
                             self._start(work)
                         continue
@@ -145,6 +153,8 @@ class Engine:
                     self.append(step.entry)
                     if step.note:
                         self.observer(Note(step.note))
+                elif isinstance(step, Wait):
+                    self._collect_first_background()
                 else:
                     self._work(step)
         except BaseException:
@@ -158,6 +168,14 @@ class Engine:
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
+            if self._background_pool is not None:
+                # a check under way ends in seconds; those not begun are dropped
+                self._background_pool.shutdown(wait=True, cancel_futures=True)
+
+    def _slots(self) -> int:
+        if self.capacity is None:
+            return self.parallel
+        return max(1, min(self.parallel, self.capacity()))
 
     def _collect_running(self) -> None:
         """Wait for the first item under way, or in the background, to end; journal what
@@ -184,6 +202,16 @@ class Engine:
             if not fut.cancelled() and fut.exception() is None:
                 self._record(item, fut.result())
         self._running.clear()
+
+    def _collect_first_background(self) -> None:
+        """Wait for the first background item to end and journal it (``Wait``)."""
+        if not self._background:
+            raise InfrastructureError("a design waited with nothing under way; this is a bug "
+                                      "in bisect")
+        first = next(as_completed(self._background))
+        item = self._background.pop(first)
+        self._record(item, first.result())
+        self._collect_background(wait=False)
 
     def _collect_background(self, *, wait: bool, raising: bool = True) -> None:
         """Journal the background items that ended (all of them, once ended, with ``wait``)."""
@@ -224,7 +252,16 @@ class Engine:
         items = [item for item in work.items if not item.background]
         for item in work.items:
             if item.background:
-                self._background[_on_a_daemon_thread(self._evaluate, item)] = item
+                if item.controls:
+                    # the controls on a thread of their own, never waited for at exit: Ctrl-C
+                    # during them must not wait for their server (see _stop_running)
+                    self._background[_on_a_daemon_thread(self._evaluate, item)] = item
+                    continue
+                # the gate sweep's checks (seconds each), a few at a time
+                if self._background_pool is None:
+                    self._background_pool = ThreadPoolExecutor(
+                        max_workers=BACKGROUND_WORKERS, thread_name_prefix="bisect-background")
+                self._background[self._background_pool.submit(self._evaluate, item)] = item
         if not items:
             return
         if self.parallel > 1:
@@ -263,6 +300,13 @@ class Engine:
     def _evaluate(self, item: Item) -> Observation | Mapping[str, Any]:
         if item.controls:
             return self._run_controls(item)
+        if item.gate:
+            arm = self._arm(item)
+            if not isinstance(arm, Gates):
+                raise InfrastructureError(
+                    f"the run asked the {item.arm} probe's gate alone, but it has none; this "
+                    "is a bug in bisect")
+            return arm.gate_check(item.commit, item.tags)
         done = self._durations.get(item.arm, [])
         mean = sum(done) / len(done) if done else None
         self.observer(LifetimeStarted(item.commit, item.lifetime_id, mean))
@@ -289,7 +333,7 @@ class Engine:
             self.observer(ControlsEnded(bool(entry.get("ok")), entry))
             return
         self.append(self.design.observation_entry(item, result))
-        if result.duration_s:
+        if result.duration_s and not item.gate:
             self._durations.setdefault(item.arm, []).append(result.duration_s)
         event = self.design.progress(item)
         if event is not None:

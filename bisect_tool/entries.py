@@ -14,7 +14,9 @@ Kinds (``"type"``), each written before the next step:
 - ``observation``: one lifetime (lifetime id, commit, position, verdict, detail, message,
   duration; ``tier`` for the fast probe's runs, ``cell`` in a locate journal, ``carried_from``
   for a release's observation carried into the commit-level run). A lifetime id counts once;
-- ``untestable``: a whole candidate (older journals);
+- ``untestable``: a whole candidate (older journals; the gate's refusals in a release-level
+  run's sweep, with ``stage``);
+- ``gate``: a candidate the gate's sweep let through (the pinned stack loads its files);
 - ``controls``: the positive and negative controls (``ok``, ``problem``, both results);
 - ``environment``: facts for the report (GPU, driver, versions, interpreter);
 - ``phase``: the tiered search moves on (``narrow`` -> ``confirm`` -> ``faithful``);
@@ -114,6 +116,23 @@ class ControlsEntry(TypedDict, total=False):
     suspects: dict[str, Any]  # [probe] suspects: which settings showed divergence there
 
 
+class UntestableEntry(TypedDict, total=False):
+    type: Literal["untestable"]
+    commit: str
+    position: int
+    message: str
+    stage: str  # where it could not run: "gate", "artifacts"
+    duration_s: float
+
+
+class GateEntry(TypedDict, total=False):
+    type: Literal["gate"]
+    commit: str
+    position: int
+    ok: bool
+    duration_s: float
+
+
 class PhaseEntry(TypedDict, total=False):
     type: Literal["phase"]
     phase: str
@@ -201,6 +220,25 @@ def controls(
     if suspects:
         entry["suspects"] = dict(suspects)
     return entry
+
+
+def untestable(
+    commit: str, position: int, message: str, *, stage: str = "", duration_s: float = 0.0
+) -> UntestableEntry:
+    """A whole candidate the faithful tier cannot run (``stage``: what refused it)."""
+    entry: UntestableEntry = {"type": "untestable", "commit": commit, "position": position,
+                              "message": message}
+    if stage:
+        entry["stage"] = stage
+    if duration_s:
+        entry["duration_s"] = round(duration_s, 3)
+    return entry
+
+
+def gate_passed(commit: str, position: int, *, duration_s: float = 0.0) -> GateEntry:
+    """The gate's sweep let ``commit`` through: the pinned stack loads its compiled files."""
+    return {"type": "gate", "commit": commit, "position": position, "ok": True,
+            "duration_s": round(duration_s, 3)}
 
 
 def environment(facts: Mapping[str, Any]) -> dict[str, Any]:
@@ -329,7 +367,7 @@ def check_entry(entry: Any, candidates: int) -> None:
         raise ShapeError("has no 'type' string")
     if kind == "header":
         raise ShapeError("is a second header")
-    if kind in ("observation", "untestable"):
+    if kind in ("observation", "untestable", "gate"):
         position = _need(entry, "position", int)
         if not 0 <= position < candidates:
             raise ShapeError(f"has position {position} outside the {candidates} candidates")

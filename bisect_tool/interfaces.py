@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from bisect_tool.values import Observation, Verdict
 
@@ -124,3 +124,15 @@ class Evaluator(Protocol):
         ...
 
 
+
+
+@runtime_checkable
+class Gates(Protocol):
+    """An evaluator that can ask the compatibility gate alone, with no server booted (a
+    release-level run gates every release at once before its first boot)."""
+
+    def gate_check(self, commit: str, tags: Sequence[str] = ()) -> Observation:
+        """UNTESTABLE (with its stage, ``gate`` or ``artifacts``, in the detail) when the
+        pinned stack cannot run ``commit``'s compiled files; CLEAN when the gate lets it
+        through."""
+        ...

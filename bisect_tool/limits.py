@@ -72,7 +72,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "cache_max_bytes": AT_LEAST_0,
         "prefetch": Bound(-1),  # -1: the run chooses
     },
-    "runtime": {"boot_timeout_s": POSITIVE, "lifetimes_per_gpu": AT_LEAST_1},
+    "runtime": {"boot_timeout_s": POSITIVE, "lifetimes_per_gpu": AT_LEAST_1,
+                "gpus_per_lifetime": AT_LEAST_1},
     "probe": {
         "requests": AT_LEAST_1,
         "fillers": AT_LEAST_0,
@@ -91,6 +92,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "batch_sizes": AT_LEAST_1,
         "needles": AT_LEAST_0,
         "warmup_requests": AT_LEAST_0,
+        "negative_servers": AT_LEAST_1,
         "seeds": AT_LEAST_1,
         "hidden_sizes": AT_LEAST_1,
         "row_counts": AT_LEAST_1,
@@ -134,6 +136,13 @@ def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
                 raise RecipeError(
                     f"{source}: '{section}.{key}' must be {bound.describe()}, got {item}"
                 )
+    per_gpu = values.get("lifetimes_per_gpu", "auto") if section == "runtime" else "auto"
+    if isinstance(per_gpu, bool) or not isinstance(per_gpu, int | str) or (
+            isinstance(per_gpu, str) and per_gpu != "auto"):
+        raise RecipeError(
+            f"{source}: 'runtime.lifetimes_per_gpu' must be \"auto\" or a whole number >= 1, "
+            f"got {per_gpu!r}"
+        )
     if section == "probe" and values.get("narrow", "") not in NARROW_KINDS:
         raise RecipeError(
             f"{source}: 'probe.narrow' must be one of {', '.join(map(repr, NARROW_KINDS))}, "

@@ -312,7 +312,8 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
     downloads_at = frozenset(c.position for c in lines
                              if c.origin in ("wheel index", "release wheel"))
     assumed, q = assumed_p(header["recipe"])
-    slots = max(1, len(recipe.runtime.gpus) * recipe.runtime.lifetimes_per_gpu) \
+    # "auto" is sized from the card when the run starts: planned here as one a GPU
+    slots = max(1, len(recipe.runtime.gpus) * (recipe.runtime.per_gpu() or 1)) \
         if recipe is not None and recipe.probe.kind == ProbeKind.SERVER else 1
     expected = simulate(
         header, p=assumed if p is None else p, q=q, trials=trials, rejected=rejected,

@@ -86,16 +86,24 @@ class RuntimeSettings:
     model_cache: str = ""  # mounted read-only into containers
     weights: str = ""  # "random:CONFIG" makes a random checkpoint; a dir uses it; "" = server args
     gpus: tuple[str, ...] = ()
+    # GPUs of one host a lifetime takes: vLLM's tensor-parallel size (--tensor-parallel-size is
+    # passed, and the NCCL settings vLLM's batch-invariance mode sets are kept in every
+    # lifetime's environment: bisect_tool/wiring.py, TP_DETERMINISM_ENV). The bugs that live only
+    # with TP (vLLM #51290, #50136, #56370) need 2 or more; list at least as many GPUs.
+    gpus_per_lifetime: int = 1
     # The compatibility gate compares these ops only ("_C::rms_norm" or "rms_norm"; empty: every
     # op the pinned extension registers). For a crossing of two releases (`bisect locate`),
     # where the newer Python registers ops the older extension lacks but this workload never
     # calls; an op the workload does call and the gate skipped fails its lifetime instead.
     gate_ops: tuple[str, ...] = ()
-    # lifetimes that may share one GPU at once (each server then needs its own share of the
-    # memory: --gpu-memory-utilization in server_args). They boot and are torn down one at a
-    # time unless server_args fix the KV cache's size (--kv-cache-memory-bytes), which spares
-    # vLLM its free-memory profile (bisect_tool/runtime/gpus.py)
-    lifetimes_per_gpu: int = 1
+    # lifetimes that may share one GPU at once. "auto": as many as the card's free memory holds
+    # with the KV cache the probe needs, each server told its KV cache size and memory share
+    # (--kv-cache-memory-bytes, --gpu-memory-utilization), at most 6 until a lifetime that
+    # misses the probe's co-residency lowers it (bisect_tool/runtime/sizing.py). A number:
+    # that many (each server then needs its own share of the memory in server_args; they boot
+    # and are torn down one at a time unless server_args fix the KV cache's size, which spares
+    # vLLM its free-memory profile: bisect_tool/runtime/gpus.py)
+    lifetimes_per_gpu: int | str = "auto"
     # the controls' server on a GPU slot of its own, beside the lifetimes' slots (on the first
     # GPU), so the confirm step keeps all of them: on the H100 the controls held one of two
     # slots for 259 s and the lifetimes ran one at a time (docs/bench/gpu-2026-12-07-h100).
@@ -111,6 +119,11 @@ class RuntimeSettings:
     # ray: a directory mounted at the same path on every node; swap files under it travel as
     # paths (checked by sha256 on the node) instead of through Ray's object store
     ray_shared_cache: str = ""
+
+    def per_gpu(self) -> int | None:
+        """``lifetimes_per_gpu`` as a number; None for "auto" (sized when the run starts)."""
+        value = self.lifetimes_per_gpu
+        return value if isinstance(value, int) else None
 
     def interpreter(self) -> str:
         """The interpreter lifetimes, gate checks and the environment facts run under: the one
@@ -165,6 +178,11 @@ class ProbeSettings:
     # from the kernels (vLLM #51187's reporters saw the divergence go with it at 0).
     suspects: dict[str, str] = field(default_factory=dict)
     suspect_lifetimes: int = 2
+    # Servers the negative control's requests are dealt over, booted at once (each request is
+    # still sent alone and compared with itself over the repeats, on one server): its pass of
+    # every request one at a time took 119 s on the H100, the longest thing in the run
+    # (bisect_tool/probes/controls.py)
+    negative_servers: int = 1
     # A fast stand-in probe to narrow the range with before this probe confirms the flip on
     # both sides of it ("" = none; "op": the op check below on each candidate's extension).
     # See bisect_tool/tiers.py.
@@ -385,6 +403,11 @@ def check_whole(recipe: Recipe, source: str) -> None:
         raise RecipeError(f"{source}: 'runtime.gpus' holds an empty GPU id; give ids like [\"0\"]")
     if len(set(r.gpus)) != len(r.gpus):
         raise RecipeError(f"{source}: 'runtime.gpus' lists a GPU twice; give each GPU once")
+    if r.gpus_per_lifetime > 1 and len(r.gpus) < r.gpus_per_lifetime:
+        raise RecipeError(
+            f"{source}: 'runtime.gpus_per_lifetime' is {r.gpus_per_lifetime} but 'runtime.gpus' "
+            f"lists {len(r.gpus)}; list at least as many GPUs of one host (--gpus 0,1,...)"
+        )
 
 
 def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) -> Any:

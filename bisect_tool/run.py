@@ -33,7 +33,7 @@ from bisect_tool.errors import (
     UsageError,
 )
 from bisect_tool.events import Note, Observer, RunStarted, ignore
-from bisect_tool.interfaces import Evaluator
+from bisect_tool.interfaces import Evaluator, Gates
 from bisect_tool.journal import Journal
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe
@@ -187,9 +187,12 @@ def bisect_loop(
             "this run narrows with a fast probe, but its backend has none (the op probe runs "
             "with the local, docker or ray backend)"
         )
-    design = BisectDesign(state, slots=evaluators.parallel, controls=controls)
+    capacity = evaluators.capacity
+    design = BisectDesign(state, slots=capacity or evaluators.parallel, controls=controls,
+                          controls_beside=evaluators.controls_beside,
+                          gate_sweep=isinstance(evaluators.faithful, Gates))
     watch = _Watch(seen_causes)
-    arms = {name: _Watched(arm, watch) for name, arm in evaluators.arms().items()}
+    arms = {name: _watched(arm, watch) for name, arm in evaluators.arms().items()}
 
     def controls_for(commit: str) -> ControlsRunner | None:
         runner = evaluators.controls_for(commit)
@@ -197,7 +200,7 @@ def bisect_loop(
 
     Engine(
         journal, design, arms, parallel=evaluators.parallel,
-        controls_for=controls_for, observer=observer,
+        controls_for=controls_for, observer=observer, capacity=capacity,
     ).run()
     return state.summary()
 
@@ -361,6 +364,23 @@ class _Watched:
 
     def cancel(self) -> int:
         return self.inner.cancel()
+
+
+class _WatchedGates(_Watched):
+    """A watched evaluator that can also ask the gate alone (the gate sweep): a gate's refusal
+    is the candidate's own, so the watch does not count it."""
+
+    def __init__(self, inner: Evaluator, watch: _Watch) -> None:
+        assert isinstance(inner, Gates)
+        super().__init__(inner, watch)
+        self.gates = inner
+
+    def gate_check(self, commit: str, tags: Sequence[str] = ()) -> Observation:
+        return self.gates.gate_check(commit, tags)
+
+
+def _watched(arm: Evaluator, watch: _Watch) -> _Watched:
+    return _WatchedGates(arm, watch) if isinstance(arm, Gates) else _Watched(arm, watch)
 
 
 class _WatchedControls:

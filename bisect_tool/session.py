@@ -153,6 +153,8 @@ class State:
     untestable_why: dict[int, str] = dataclasses.field(default_factory=dict)
     #: controls entries of candidates that could not run them (the controls moved on)
     controls_refused: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: candidates the gate's sweep settled (let through, or refused: ``untestable`` entries)
+    gated: set[int] = dataclasses.field(default_factory=set)
 
     @property
     def direction(self) -> Direction:
@@ -179,8 +181,13 @@ class State:
             tier = Tier(entry.get("tier") or Tier.FAITHFUL)
             self._observe(tier, entry)
         elif kind == "untestable":
-            self.verdicts.setdefault(int(entry["position"]), []).append(Verdict.UNTESTABLE)
-            self.strategy.mark_untestable(int(entry["position"]))
+            at = int(entry["position"])
+            self.verdicts.setdefault(at, []).append(Verdict.UNTESTABLE)
+            self.strategy.mark_untestable(at)
+            self.untestable_why.setdefault(at, one_line(str(entry.get("message") or ""), 300))
+            self.gated.add(at)
+        elif kind == "gate":
+            self.gated.add(int(entry["position"]))
         elif kind == "controls":
             if entry.get("untestable"):
                 # the candidate could not run the controls (the gate refused it, its server

@@ -21,11 +21,12 @@ from pathlib import Path
 from bisect_tool.engine import ControlsFor, ControlsRunner, _no_controls
 from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
-from bisect_tool.events import Observer, ignore, notes_to
+from bisect_tool.events import Note, Observer, ignore, notes_to
 from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
 from bisect_tool.newer_tests import NewerTests
-from bisect_tool.recipe import Recipe, RuntimeSettings
+from bisect_tool.recipe import ProbeSettings, Recipe, RuntimeSettings
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
+from bisect_tool.runtime.sizing import ReadCards, read_cards, size
 from bisect_tool.tiers import Tier
 from bisect_tool.values import ProbeKind
 
@@ -34,12 +35,18 @@ from bisect_tool.values import ProbeKind
 class Evaluators:
     """What a recipe's run evaluates with: its own probe (``faithful``), the fast stand-in that
     narrows first (``narrow``, for ``[probe] narrow``), how many lifetimes run at once, and a
-    factory for the controls runner of a commit (``_no_controls``: this probe has none)."""
+    factory for the controls runner of a commit (``_no_controls``: this probe has none);
+    ``controls_beside``: the controls' servers have GPU slots of their own, beside the
+    ``parallel`` lifetimes' (``[runtime] controls_own_slot``)."""
 
     faithful: Evaluator
     parallel: int = 1
     controls_for: ControlsFor = _no_controls
     narrow: Evaluator | None = None
+    controls_beside: bool = False
+    #: how many lifetimes may run at once now, at most ``parallel`` (the GPU pool's size falls
+    #: when a card backs off: ``GpuPool.back_off``); None: always ``parallel``
+    capacity: Callable[[], int] | None = None
 
     @property
     def has_controls(self) -> bool:
@@ -114,11 +121,11 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
     backend = make_backend(runtime, session=w.session, log_dir=w.log_dir)
     try:
         backend.cleanup_stale(w.session)
-        pool = w.pool or gpu_pool(runtime)
+        pool = w.pool or gpu_pool(runtime, w.recipe.probe)
         turns = pool.booting if profiles_free_memory(runtime.server_args) else None
         evaluator = server_evaluator(
             w.recipe, w.provider, backend, session=w.session, log_dir=w.log_dir, tags=w.tags,
-            gpu_lease=pool.lease, boot_lock=turns, observer=w.observer,
+            gpu_lease=pool.lease, boot_lock=turns, observer=w.observer, crowding=pool,
         )
 
         def controls_for(commit: str) -> ControlsRunner:
@@ -129,16 +136,21 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         # whether the faithful tier could run each candidate, so the confirm step never picks
         # one the pinned stack rejects.
         narrow = _narrow(w, backend.check_compatible)
-        yield Evaluators(evaluator, pool.size, controls_for, narrow)
+        yield Evaluators(evaluator, pool.size, controls_for, narrow,
+                         controls_beside=runtime.controls_own_slot,
+                         capacity=lambda: pool.size)
     finally:
         backend.close()
 
 
-def gpu_pool(runtime: RuntimeSettings) -> GpuPool:
-    """The GPU slots a run's servers lease: ``lifetimes_per_gpu`` on each GPU, and one more for
-    the controls where ``controls_own_slot`` asks for it."""
-    return GpuPool(runtime.gpus, per_gpu=runtime.lifetimes_per_gpu,
-                   controls_slot=runtime.controls_own_slot)
+def gpu_pool(runtime: RuntimeSettings, probe: ProbeSettings | None = None) -> GpuPool:
+    """The GPU slots a run's servers lease: ``lifetimes_per_gpu`` on each GPU, and where
+    ``controls_own_slot`` asks for them, slots of the controls' own: as many as the servers
+    their negative control is spread over (``[probe] negative_servers``)."""
+    return GpuPool(runtime.gpus, per_gpu=runtime.per_gpu() or 1,
+                   controls_slot=runtime.controls_own_slot,
+                   controls_servers=probe.negative_servers if probe is not None else 1,
+                   width=runtime.gpus_per_lifetime if runtime.gpus else 1)
 
 
 @contextmanager
@@ -249,7 +261,8 @@ def open_evaluators(
 
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    recipe = resolve_weights(recipe, progress=notes_to(observer))
+    recipe = tensor_parallel(sized(resolve_weights(recipe, progress=notes_to(observer)),
+                                   observer))
     kind = probe_kind(recipe)
     with open_provider(
         recipe, repo, log_dir=log_dir, session=session, observer=observer
@@ -272,8 +285,12 @@ def open_sides(
 ) -> Iterator[tuple[dict[str, Evaluators], int]]:
     """One set of evaluators per named recipe (``bisect locate``: one per Python side), sharing
     ``provider`` and one GPU pool; and how many lifetimes may run at once over them all."""
-    first = next(iter(recipes.values()))
-    pool = gpu_pool(first.runtime)
+    first = tensor_parallel(sized(next(iter(recipes.values())), observer))
+    recipes = {name: replace(recipe, runtime=replace(
+        recipe.runtime, lifetimes_per_gpu=first.runtime.lifetimes_per_gpu,
+        server_args=first.runtime.server_args, env=first.runtime.env,
+        controls_own_slot=first.runtime.controls_own_slot)) for name, recipe in recipes.items()}
+    pool = gpu_pool(first.runtime, first.probe)
     with contextlib.ExitStack() as stack:
         sides = {
             name: stack.enter_context(PROBES[probe_kind(recipe)](
@@ -282,6 +299,73 @@ def open_sides(
             for name, recipe in recipes.items()
         }
         yield sides, pool.size
+
+
+#: what vLLM's batch-invariance mode sets in its own environment (vllm/model_executor/layers/
+#: batch_invariant.py, override_envs_for_invariance): NCCL's tree all-reduce with the Simple
+#: protocol on one channel, no symmetric-memory all-reduce, a fixed cuBLAS workspace. A
+#: tensor-parallel lifetime gets them in its environment from the start, whatever its switch:
+#: the controls' servers run with the switch off, where vLLM sets none of them, and a release
+#: older than the override sets none either; so every lifetime of a run reduces the same way,
+#: and only the kernels under test differ. The recipe's own [runtime.env] wins.
+TP_DETERMINISM_ENV = {
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NCCL_LAUNCH_MODE": "GROUP",
+    "NCCL_COLLNET_ENABLE": "0",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_P2P_NET_DISABLE": "1",
+    "NCCL_MIN_NCHANNELS": "1",
+    "NCCL_MAX_NCHANNELS": "1",
+    "NCCL_PROTO": "Simple",
+    "NCCL_ALGO": "allreduce:tree",
+    "NCCL_NTHREADS": "1",
+    "NCCL_SOCKET_NTHREADS": "1",
+}
+TP_FLAG = "--tensor-parallel-size"
+
+
+def tensor_parallel(recipe: Recipe) -> Recipe:
+    """``[runtime] gpus_per_lifetime`` > 1: each server is told its tensor-parallel size (unless
+    its server_args say one) and keeps the NCCL settings of vLLM's batch-invariance mode
+    (``TP_DETERMINISM_ENV``)."""
+    runtime = recipe.runtime
+    width = runtime.gpus_per_lifetime
+    if width <= 1 or recipe.probe.kind != ProbeKind.SERVER:
+        return recipe
+    args = list(runtime.server_args)
+    if not any(a == TP_FLAG or a.startswith(TP_FLAG + "=") for a in args):
+        args += [TP_FLAG, str(width)]
+    env = {**TP_DETERMINISM_ENV, **runtime.env}
+    return replace(recipe, runtime=replace(runtime, server_args=tuple(args), env=env))
+
+
+def sized(recipe: Recipe, observer: Observer = ignore, read: ReadCards = read_cards) -> Recipe:
+    """``[runtime] lifetimes_per_gpu = "auto"`` settled for this run: from the listed GPUs' free
+    memory where server lifetimes lease them (``runtime.sizing``: each server told its KV cache
+    size, the controls given slots of their own where the card holds them), else one a GPU (no
+    GPUs listed, Ray, a probe that boots no server, a card whose memory cannot be read). The
+    journal keeps "auto": a resumed run sizes again from what is free then."""
+    runtime = recipe.runtime
+    if runtime.per_gpu() is not None:
+        return recipe
+    one = replace(recipe, runtime=replace(runtime, lifetimes_per_gpu=1))
+    if not runtime.gpus or runtime.backend == "ray" or recipe.probe.kind != ProbeKind.SERVER:
+        return one
+    env = dict(runtime.env)
+    if runtime.pinned_package_dir:
+        env["PYTHONPATH"] = runtime.pinned_package_dir
+    found = size(runtime, recipe.probe, read(runtime.gpus, runtime.interpreter(), env))
+    if found is None:
+        observer(Note('lifetimes_per_gpu = "auto": the GPUs\' memory could not be read (no '
+                      "nvidia-smi, no torch.cuda under the pinned interpreter): one lifetime a "
+                      "GPU"))
+        return one
+    observer(Note(f'lifetimes_per_gpu = "auto": {found.why}'))
+    return replace(recipe, runtime=replace(
+        runtime, lifetimes_per_gpu=found.per_gpu, server_args=found.server_args(
+            runtime.server_args),
+        controls_own_slot=runtime.controls_own_slot or found.controls_own_slot))
 
 
 def side_recipe(recipe: Recipe, pinned_package_dir: Path) -> Recipe:

@@ -199,6 +199,19 @@ def test_devices_mode_by_uuid_and_without_a_lease(host: FakeHost, tmp_path: Path
     assert one["mounts"] == expected_driver_mounts(host)
 
 
+def test_a_tensor_parallel_lifetime_gets_both_its_gpus(host: FakeHost) -> None:
+    """A lease of two GPUs ("0,1", issue 43) gives the container both GPUs' nodes (devices
+    mode) or both ids in its device request (toolkit), none of another lifetime's."""
+    access = gp.resolve(gp.GpuMode.DEVICES, host=host.view())
+    assert access.nodes_for("0,1")[-2:] == [f"{host.dev}/nvidia1", f"{host.dev}/nvidia0"]
+    with pytest.raises(InfrastructureError, match="GPU '7' has no device node"):
+        access.nodes_for("0,7")
+    toolkit = gp.resolve(gp.GpuMode.TOOLKIT, host=host.view())
+    assert toolkit.create_kwargs("0,1")["device_requests"] == [
+        docker.types.DeviceRequest(device_ids=["0", "1"], capabilities=[["gpu"]])
+    ]
+
+
 def test_libraries_found_on_the_loader_path_when_ldconfig_lists_none(host: FakeHost) -> None:
     files = gp.driver_files(host.view(ldconfig="", loader_path=f"/nonexistent:{host.lib}"))
     got = {dst.rsplit("/", 1)[1] for _, dst in files}

@@ -110,3 +110,55 @@ def test_gate_rules() -> None:
     assert gate(result(Verdict.CLEAN), None, require_controls=False).verdict is Verdict.CLEAN
     assert gate(result(Verdict.UNTESTABLE), no_pos).verdict is Verdict.UNTESTABLE
     assert "negative control" in bad_neg.problem
+
+
+def test_the_negative_control_spread_over_servers_sends_each_request_alone_once() -> None:
+    """Issue 39, item 3: the negative control's pass, every request one at a time, took 119 s
+    on the H100. Spread over three servers booted at once (all with the switch off), each
+    server gets a third of the requests, each sent alone and compared with itself over the same
+    repeats: the same comparisons, a third of the time. The positive control runs on the first
+    server, and both controls hold as they do on one."""
+    import threading
+
+    up, peak, lock = [0], [0], threading.Lock()
+    envs: list[dict[str, str]] = []
+
+    @contextlib.contextmanager
+    def boot(env: Mapping[str, str], part: int = 0) -> Iterator[ServerHandle]:
+        envs.append(dict(env))
+        b = Behaviour(workload_size=W, gather=W, hold_s=0.08,
+                      invariant=env.get("VLLM_BATCH_INVARIANT") != "0")
+        with serve(b) as server:
+            with lock:
+                up[0] += 1
+                peak[0] = max(peak[0], up[0])
+            try:
+                yield ServerHandle(server.url, f"ctl-0-s{part}", Path("/nonexistent"))
+            finally:
+                with lock:
+                    up[0] -= 1
+
+    controls = run_controls(factory, boot, spread=3)
+    assert controls.ok, controls.problem
+    assert controls.positive.verdict is Verdict.DIVERGENT
+    assert controls.negative.verdict is Verdict.CLEAN
+    assert envs == [{"VLLM_BATCH_INVARIANT": "0"}] * 3 and peak[0] == 3
+    parts = controls.negative.detail["parts"]
+    assert sorted(p["requests_sent"] for p in parts) == [2, 2, 2]  # W = 6 over 3 servers
+    assert controls.negative.detail["servers"] == 3
+    # each share: a priming pass and the repeats, every request of it sent alone
+    assert all(p["mode"] == "sequential" and p["repeats"] == SETTINGS.repeats for p in parts)
+
+
+def test_a_negative_control_share_that_diverges_fails_the_whole_control() -> None:
+    from bisect_tool.probes.controls import merged
+
+    clean = ProbeResult(Verdict.CLEAN, {"distinct_outputs": 1, "differing_pairs": []}, "same")
+    moved = ProbeResult(Verdict.DIVERGENT, {"distinct_outputs": 2, "differing_pairs": [[0, 1]]},
+                        "repeats 0 and 1 differ")
+    out = merged([clean, moved, clean])
+    assert out.verdict is Verdict.DIVERGENT and out.detail["distinct_outputs"] == 2
+    assert "server 2 of 3" in out.message
+    assert merged([clean, ProbeResult(Verdict.UNTESTABLE, {}, "boot failed")]).verdict \
+        is Verdict.UNTESTABLE
+    assert merged([clean, clean]).verdict is Verdict.CLEAN

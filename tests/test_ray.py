@@ -103,6 +103,88 @@ def test_shared_cache_sends_paths_and_the_node_checks_them(tmp_path: Path) -> No
         unpack_swap(shipped, tmp_path / "node")
 
 
+class _FakeRay:
+    """The slice of the ``ray`` module RayEvaluator uses, on a cluster of ``gpus`` GPUs: tasks
+    return a clean lifetime at once; ``put`` takes a while (a large object), and is counted."""
+
+    class exceptions:  # noqa: N801 (ray.exceptions)
+        class RayError(Exception):
+            pass
+
+        class RayTaskError(RayError):
+            pass
+
+        class TaskCancelledError(RayError):
+            pass
+
+    def __init__(self, gpus: int) -> None:
+        self.gpus = gpus
+        self.options: list[dict[str, Any]] = []
+        self.puts = 0
+        self._lock = threading.Lock()
+
+    def remote(self, fn: Any) -> Any:
+        ray = self
+
+        class Remote:
+            def options(self, **kwargs: Any) -> Any:
+                ray.options.append({"fn": fn.__name__, **kwargs})
+                return self
+
+            def remote(self, *args: Any) -> str:
+                return "result"
+
+        return Remote()
+
+    def put(self, value: Any) -> str:
+        time.sleep(0.05)
+        with self._lock:
+            self.puts += 1
+        return f"object-{self.puts}"
+
+    def wait(self, refs: list[Any], timeout: float = 0) -> tuple[list[Any], list[Any]]:
+        return refs, []
+
+    def get(self, ref: Any) -> dict[str, Any]:
+        return {"verdict": "clean", "detail": {}, "message": "", "lifetime_s": 0.1,
+                "where": {"node_id": "n", "gpus": ["0"], "pid": 1}}
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"GPU": float(self.gpus)}
+
+    def available_resources(self) -> dict[str, float]:
+        return {"GPU": float(self.gpus)}
+
+
+def test_ray_lifetimes_share_gpus_or_span_several_and_each_commit_ships_once(
+    tmp_path: Path,
+) -> None:
+    """Issue 44: on Ray, ``lifetimes_per_gpu = 2`` makes each lifetime's task ask half a GPU
+    (Ray's fractional GPUs), so a cluster of 2 GPUs runs 4 at once; ``gpus_per_lifetime = 2``
+    asks two whole GPUs of one node. Six lifetimes of one commit started from four threads at
+    once put its swap set in the object store once, not once a lifetime."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bisect_tool.evaluate.ray import RayEvaluator
+    from bisect_tool.recipe import ProbeSettings, RuntimeSettings
+
+    swap = _swap(tmp_path)
+    fake = _FakeRay(gpus=2)
+    shared = RayEvaluator(_FixedSwap(swap), RuntimeSettings(lifetimes_per_gpu=2),
+                          ProbeSettings(), session="s", tags={}, ray_module=fake)  # type: ignore[arg-type]
+    assert shared.parallel == 4
+    assert {o["fn"]: o["num_gpus"] for o in fake.options} == {
+        "run_lifetime_task": 0.5, "run_controls_task": 0.5}
+    with ThreadPoolExecutor(4) as threads:
+        seen = list(threads.map(lambda i: shared.evaluate(swap.commit, f"l-{i}"), range(6)))
+    assert {str(o.verdict) for o in seen} == {"clean"}
+    assert fake.puts == 1 and shared.shipped == 1
+    wide = _FakeRay(gpus=2)
+    tp = RayEvaluator(_FixedSwap(swap), RuntimeSettings(gpus=("0", "1"), gpus_per_lifetime=2),
+                      ProbeSettings(), session="s", tags={}, ray_module=wide)  # type: ignore[arg-type]
+    assert tp.parallel == 1 and wide.options[0]["num_gpus"] == 2.0
+
+
 def test_backend_ray_without_ray_names_the_install_command(tmp_path: Path) -> None:
     """Run the real CLI with ``ray`` made unimportable: one line, the install command."""
     from bisect_tool.demo.history import generate
@@ -600,16 +682,103 @@ def drive_crash(workdir: Path, address: str, out: Path) -> None:
     out.write_text(json.dumps(result, indent=2))
 
 
+def drive_spread(workdir: Path, address: str, out: Path) -> None:
+    """Inside the namespace, on one node of 2 GPUs: the demo's bad end, 8 lifetimes through
+    RayEvaluator with ``lifetimes_per_gpu = 2``, 4 at once; what the cluster had free while
+    they ran, which GPU each ran on, and how often its swap set was put in the object store."""
+    import dataclasses
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ray as ray_mod
+
+    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.artifacts import make_provider
+    from bisect_tool.demo.history import generate
+    from bisect_tool.evaluate.ray import ray_evaluator
+
+    result: dict[str, Any] = {"error": ""}
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        history = generate(workdir / "repo", seed=0, commits=60)
+        recipe = recipe_mod.load(str(_demo_recipe(workdir)))
+        recipe = dataclasses.replace(recipe, runtime=dataclasses.replace(
+            recipe.runtime, lifetimes_per_gpu=2, ray_address=address))
+        sha = subprocess.run(
+            ["git", "-C", str(workdir / "repo"), "rev-parse", f"{history.bad_tag}^{{commit}}"],
+            capture_output=True, text=True, check=True).stdout.strip()
+        with (make_provider(recipe.artifacts, workdir / "repo", log_dir=workdir / "logs")
+              as provider, ray_evaluator(provider, recipe, session="spread", tags={}) as ev):
+            result["parallel"] = ev.parallel
+            least = [2.0]
+            done = threading.Event()
+
+            def watch() -> None:
+                while not done.wait(0.05):
+                    least[0] = min(least[0], ray_mod.available_resources().get("GPU", 0.0))
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            with ThreadPoolExecutor(4) as threads:
+                seen = list(threads.map(lambda i: ev.evaluate(sha, f"{sha[:12]}-{i}"), range(8)))
+            done.set()
+            watcher.join()
+            result.update(
+                least_free_gpus=least[0],
+                verdicts=sorted({str(o.verdict) for o in seen}),
+                gpus=sorted({",".join(map(str, (o.detail.get("ray") or {}).get("gpus") or []))
+                             for o in seen}),
+                shipped=ev.shipped,
+            )
+    except BaseException as exc:  # reported to the test, which shows it
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    out.write_text(json.dumps(result, indent=2))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+def test_lifetimes_share_a_ray_nodes_gpus_two_a_gpu(tmp_path: Path) -> None:
+    """Issue 44 on a local Ray cluster (one node, 2 logical GPUs): with lifetimes_per_gpu = 2
+    each lifetime's task asks half a GPU, so 4 run at once and the cluster's GPUs are all taken
+    while they do; every GPU hosts lifetimes; the swap set is put in the object store once for
+    all 8."""
+    if RAY_MISSING:
+        pytest.skip(RAY_MISSING)
+    problem = _netns_problem()
+    if problem:
+        pytest.skip(problem)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="bray", dir="/tmp"))
+    try:
+        out = tmp_path / "result.json"
+        script = cluster_script(ray_tmp, tmp_path / "work", out, num_gpus=2, worker=False,
+                                extra="spread")
+        proc = subprocess.run(
+            ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )
+        assert out.exists(), (
+            f"driver wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+        result = json.loads(out.read_text())
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    print(json.dumps(result, indent=1))
+    assert result["error"] == "", result["error"]
+    assert result["parallel"] == 4 and result["least_free_gpus"] == 0.0
+    assert result["gpus"] == ["0", "1"] and result["shipped"] == 1
+    assert set(result["verdicts"]) <= {"clean", "divergent", "inconclusive"}
+
+
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["drive", "crash"])
+    parser.add_argument("mode", choices=["drive", "crash", "spread"])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--address", required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    (drive_crash if args.mode == "crash" else drive)(args.workdir, args.address, args.out)
+    {"crash": drive_crash, "spread": drive_spread}.get(args.mode, drive)(
+        args.workdir, args.address, args.out)
 
 
 def test_the_controls_on_a_ray_node_honour_the_recipes_attempts(

@@ -16,7 +16,7 @@ def test_bundled_recipes_are_listed_and_load() -> None:
     assert recipe.bundled_names() == [
         "batch-invariance", "batch-invariance-bs1", "batch-invariance-compiled",
         "batch-invariance-moe", "batch-invariance-op", "batch-invariance-op-extended", "demo",
-        "demo-op", "demo-python",
+        "demo-op", "demo-python", "tp-batch-invariance",
     ]
     for name in recipe.bundled_names():
         assert recipe.load(name).name == name

@@ -301,8 +301,9 @@ def _loop_range(n: int) -> tuple[list[str], CommitRange]:
 
 
 def _run_loop(path: Path, rng: CommitRange, probe: Evaluator, parallel: int,
-              controls: ControlsFor | None = None) -> dict[str, Any]:
-    """``bisect_loop`` over ``rng`` with ``parallel`` slots (and the controls, when given)."""
+              controls: ControlsFor | None = None, beside: bool = False) -> dict[str, Any]:
+    """``bisect_loop`` over ``rng`` with ``parallel`` slots (and the controls, when given; on
+    slots of their own with ``beside``)."""
     from bisect_tool import session
     from bisect_tool.journal import Journal, read
     from bisect_tool.run import Evaluators, bisect_loop
@@ -312,8 +313,8 @@ def _run_loop(path: Path, rng: CommitRange, probe: Evaluator, parallel: int,
         journal.append(session.header_for(rng, recipe=recipe,
                                           mode="recipe" if recipe else "manual"))
         state = session.replay(read(path))
-        evaluators = (Evaluators(probe, parallel, controls) if controls is not None
-                      else Evaluators(probe, parallel))
+        evaluators = (Evaluators(probe, parallel, controls, controls_beside=beside)
+                      if controls is not None else Evaluators(probe, parallel))
         return bisect_loop(journal, state, evaluators, controls=controls is not None)
 
 
@@ -388,6 +389,46 @@ def test_a_slot_that_comes_back_is_refilled_while_the_other_still_runs(tmp_path:
     assert ids.index(started[0]) > ids.index(started[1])
 
 
+def test_when_the_gpus_hold_fewer_lifetimes_the_loop_starts_fewer(tmp_path: Path) -> None:
+    """Three slots, and a GPU that backs off to one lifetime after the first one came back
+    short of its co-residency (``GpuPool.back_off``): the loop starts no lifetime beside
+    another from then on, rather than one that would wait for the GPU, or crowd it again."""
+    import threading
+
+    from bisect_tool import session
+    from bisect_tool.journal import Journal, read
+    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.values import Observation, Verdict
+
+    shas, rng = _loop_range(30)
+    capacity = [3]
+    lock = threading.Lock()
+    running = [0]
+    crowded_after: list[int] = []
+
+    class BacksOff(_LoopProbe):
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            with lock:
+                running[0] += 1
+                if capacity[0] == 1:
+                    crowded_after.append(running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+                capacity[0] = 1  # the first lifetime back lowered the card's share
+            bad = shas.index(commit) >= 17
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    path = tmp_path / "journal.jsonl"
+    with Journal(path) as journal:
+        journal.append(session.header_for(rng))
+        state = session.replay(read(path))
+        summary = bisect_loop(journal, state, Evaluators(
+            BacksOff(), 3, capacity=lambda: capacity[0]))
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[17]
+    assert crowded_after and max(crowded_after) == 1, crowded_after
+
+
 def test_lifetimes_that_end_after_a_sigterm_are_journaled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -456,6 +497,52 @@ def test_with_two_slots_the_first_lifetime_runs_beside_the_controls(tmp_path: Pa
     assert met and summary["state"] == "done" and summary["flip_commit"] == shas[12]
     kinds = [e["type"] for e in read(path).entries]
     assert "controls" in kinds[:3]  # journaled with the first lifetimes, before the rest
+
+
+def test_controls_on_a_slot_of_their_own_leave_every_slot_to_the_lifetimes(
+    tmp_path: Path,
+) -> None:
+    """[runtime] controls_own_slot: the controls' server has a GPU slot of its own, so they run
+    beside two lifetimes on two slots; on the H100 they took one of the two and the run went one
+    lifetime at a time (issue 39). The controls here run until two lifetimes ran at once beside
+    them (or 5 s)."""
+    import threading
+
+    from bisect_tool.values import Observation, Verdict
+
+    shas, rng = _loop_range(20)
+    lock = threading.Lock()
+    running, beside_controls = [0], [0]
+    controls_on = threading.Event()
+    two_at_once = threading.Event()
+
+    class Scripted(_LoopProbe):
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            with lock:
+                running[0] += 1
+                if controls_on.is_set():
+                    beside_controls[0] = max(beside_controls[0], running[0])
+                if running[0] >= 2:
+                    two_at_once.set()
+            two_at_once.wait(0.3)
+            with lock:
+                running[0] -= 1
+            bad = shas.index(commit) >= 12
+            return Observation(commit, Verdict.DIVERGENT if bad else Verdict.CLEAN, lifetime_id)
+
+    def ready() -> bool:
+        controls_on.set()
+        two_at_once.wait(5)
+        controls_on.clear()
+        return True
+
+    class Controls(_HeldControls):
+        pass
+
+    Controls.ready = staticmethod(ready)
+    summary = _run_loop(tmp_path / "journal.jsonl", rng, Scripted(), 2, Controls, beside=True)
+    assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
+    assert beside_controls[0] == 2
 
 
 def test_while_the_controls_run_a_slot_whose_end_was_refused_goes_on_to_the_next(

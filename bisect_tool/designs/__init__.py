@@ -9,7 +9,12 @@ whatever comes next. It is rebuilt from the journal entry by entry (``apply``) a
   item may be the controls instead (the positive and negative controls on one candidate, which
   must hold before a clean lifetime counts), run beside the first lifetimes where slots allow,
   or in the background while a fast probe narrows (``Item.background``);
+  an item may also be one candidate's compatibility gate (``Item.gate``: the pinned stack
+  asked whether it loads the candidate's compiled files, no server booted): a release-level run
+  gates every release at once, in the background, before any server boots;
 - ``Record``: an entry to journal as is (the tiered search moving to its next phase);
+- ``Wait``: nothing to start until an item under way in the background comes back (the gate's
+  sweep, before the first server boots);
 - ``Finish``: the end state and its one-line message.
 
 With several slots, a design may also ``refill`` a slot as soon as its lifetime ends, while the
@@ -39,6 +44,7 @@ class Item:
     """One lifetime to run: which evaluator (``arm``), which candidate, its lifetime id, and the
     design's own key for it (a position and tier, a cell), handed back with the observation.
     ``controls``: the controls on the candidate instead (their entry is journaled as is).
+    ``gate``: the candidate's compatibility gate instead (the arm's ``Gates.gate_check``).
     ``background``: the engine starts it and goes on deciding without waiting for it; it is
     journaled when it ends (before the next decision), and a ``Finish`` waits for it."""
 
@@ -49,10 +55,16 @@ class Item:
     key: Any = None
     controls: bool = False
     background: bool = False
+    gate: bool = False
 
 
 def controls_item(commit: str, arm: str, *, background: bool = False) -> Item:
     return Item(arm, commit, f"controls-{commit}", controls=True, background=background)
+
+
+def gate_item(commit: str, arm: str, key: Any, tags: tuple[str, ...] = ()) -> Item:
+    """``commit``'s compatibility gate, in the background (``key``: the design's own)."""
+    return Item(arm, commit, f"gate-{commit}", tags, key, background=True, gate=True)
 
 
 @dataclass(frozen=True)
@@ -74,13 +86,19 @@ class Record:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """Start nothing until an item under way in the background comes back, then decide
+    again."""
+
+
+@dataclass(frozen=True)
 class Finish:
     state: EndState
     message: str
     extra: dict[str, Any] = field(default_factory=dict)  # more fields of the end entry
 
 
-Step = Work | Record | Finish
+Step = Work | Record | Wait | Finish
 
 
 class Design(Protocol):
@@ -134,6 +152,8 @@ def drive(
         if isinstance(step, Record):
             design.apply(step.entry)
             continue
+        if isinstance(step, Wait):  # every item ran in its turn: nothing is under way here
+            raise RuntimeError("the design waits for items under way, but none are")
         for item in step.items:  # background items too: here nothing runs beside anything
             if item.controls:
                 if controls is None:

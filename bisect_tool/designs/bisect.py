@@ -10,14 +10,24 @@ out; ``designs.drive`` does the same for ``bisect simulate``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from bisect_tool import entries, lookahead
-from bisect_tool.designs import Finish, Item, Step, Work, controls_item
+from bisect_tool.designs import (
+    Finish,
+    Item,
+    Step,
+    Wait,
+    Work,
+    controls_item,
+    fill,
+    gate_item,
+)
 from bisect_tool.designs.phases import (
     Lifetimes,
     decide,
@@ -26,12 +36,12 @@ from bisect_tool.designs.phases import (
     switch,
 )
 from bisect_tool.ends import good_end_not_good
-from bisect_tool.events import CandidateChosen, Event, PosteriorMoved
+from bisect_tool.events import CandidateChosen, Event, Note, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.session import State, observation_entry
-from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft
-from bisect_tool.tiers import Phase, Tier
-from bisect_tool.values import Observation
+from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft, Summary
+from bisect_tool.tiers import Phase, Sides, Tier, disagreement
+from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState, controls_problem
 
 #: the evaluators a bisect's items name: the recipe's own probe, and the fast one that narrows
@@ -43,21 +53,40 @@ class BisectDesign:
     """The bisect as a design: ``apply`` journal entries, ask ``next_step``.
 
     ``slots`` lifetimes may run at once; ``controls``: the run wants the positive and negative
-    controls (on the good end) before any lifetime counts."""
+    controls (on the good end) before any lifetime counts; ``controls_beside``: they have GPU
+    slots of their own (``[runtime] controls_own_slot``), so they run in the background and the
+    lifetimes keep every slot (on the H100 they took one of two: issue 39's two-slot run went
+    one lifetime at a time). ``gate_sweep``: the faithful evaluator can ask the compatibility
+    gate alone (``interfaces.Gates``), and a release-level run then gates every release at
+    once, in the background, before any server boots (``_sweep``)."""
 
-    def __init__(self, state: State, *, slots: int = 1, controls: bool = False) -> None:
+    def __init__(self, state: State, *, slots: int | Callable[[], int] = 1,
+                 controls: bool = False, controls_beside: bool = False,
+                 gate_sweep: bool = False) -> None:
         self.state = state
-        self.slots = max(1, slots)
+        self._slots = slots
         self.controls = controls
+        self.controls_beside = controls_beside
+        self.gate_sweep = gate_sweep and state.header.get("level") == "release"
         # the controls were handed out to run in the background and have not come back yet
         # (not journaled: a resumed run asks for them again)
         self._controls_running = False
+        # the gate's sweep: handed out (once a run), and the candidates not yet back
+        self._swept = False
+        self._gating: set[str] = set()
+
+    @property
+    def slots(self) -> int:
+        """Lifetimes that may run at once now (a GPU that backed off holds fewer)."""
+        return max(1, self._slots() if callable(self._slots) else self._slots)
 
     # -- the Design protocol ----------------------------------------------------------------
 
     def apply(self, entry: Mapping[str, Any]) -> None:
         if entry.get("type") == "controls":
             self._controls_running = False
+        if entry.get("type") in ("gate", "untestable"):
+            self._gating.discard(str(entry.get("commit", "")))
         self.state.apply(entry)
 
     def next_step(self) -> Step:
@@ -65,7 +94,17 @@ class BisectDesign:
         problem = controls_problem(state.controls)
         if problem:
             return Finish(EndState.CONTROLS_FAILED, problem)
+        sweep = self._sweep()
+        if sweep is not None:
+            return sweep
         decision = decide(state)
+        if self._gating and not (isinstance(decision, Lifetimes)
+                                 and decision.tier is Tier.NARROW):
+            # nothing but the op check before every release is gated: the confirm step's
+            # sides, the lifetimes and the controls then go to testable ones at once (on the
+            # H100 the controls tried three refused releases in turn and ended at 361 s of a
+            # 406 s run: issue 39)
+            return Wait()
         if not isinstance(decision, Lifetimes):
             return decision
         wanted = self.controls and state.controls is None and not self._controls_running
@@ -80,8 +119,14 @@ class BisectDesign:
                 return Finish(EndState.END_UNTESTABLE, (
                     "no candidate at the good end can run the controls: "
                     + "; ".join(str(e.get("problem", "")) for e in state.controls_refused)))
-            controls = controls_item(state.candidates[good].sha, FAITHFUL)
             self._controls_running = True
+            if self.controls_beside:
+                beside = controls_item(state.candidates[good].sha, FAITHFUL, background=True)
+                first = self._lifetimes(decision)
+                if not isinstance(first, Work):
+                    return Work((beside,))
+                return Work((*first.items, beside), first.prepare, first.events)
+            controls = controls_item(state.candidates[good].sha, FAITHFUL)
             if self.slots == 1:
                 return Work((controls,))
             # with slots to spare the first lifetimes boot beside the controls (they count once
@@ -104,11 +149,34 @@ class BisectDesign:
         _, good = self.state.strategy.summary().ends
         checked = (bad is not None and good_narrow is not None
                    and narrow.total[bad] > 0 and narrow.total[good_narrow] > 0)
-        if not isinstance(step, Work) or not checked or good is None:
+        if not isinstance(step, Work) or not checked or good is None or self._gating:
             return step
         self._controls_running = True
         controls = controls_item(self.state.candidates[good].sha, FAITHFUL, background=True)
         return Work((*step.items, controls), step.prepare, step.events)
+
+    def _sweep(self) -> Work | None:
+        """Once a run, a release-level run's gate on every release not gated yet, all at once in
+        the background (a schema dump is 7-11 s on the H100; the op check narrows beside it,
+        nothing boots before it is in). Likeliest needed first: the ends, then from the middle
+        out, so a cold cache fetches what the op check runs first."""
+        if not self.gate_sweep or self._swept:
+            return None
+        self._swept = True
+        state = self.state
+        untestable = state.strategy.summary().untestable
+        last = len(state.candidates) - 1
+        order = sorted(range(len(state.candidates)),
+                       key=lambda i: (i not in (0, last), abs(2 * i - last)))
+        items = tuple(
+            gate_item(state.candidates[i].sha, FAITHFUL, (i, Tier.FAITHFUL),
+                      state.candidates[i].tags)
+            for i in order if i not in state.gated and i not in untestable)
+        if not items:
+            return None
+        self._gating = {item.commit for item in items}
+        return Work(items, events=(Note(
+            f"gating {len(items)} releases at once before any server boots"),))
 
     def refill(self, running: Sequence[Item], free: int) -> Work | None:
         """Lifetimes for ``free`` slots that came back while ``running`` ones still run: what
@@ -127,14 +195,23 @@ class BisectDesign:
         decision = decide(state)
         if not isinstance(decision, Lifetimes):
             return None
+        if self._gating and decision.tier is Tier.FAITHFUL:
+            return None
         if any(item.key[1] is not decision.tier for item in lifetimes):
             return None
         strategy = state.strategy_for(decision.tier)
-        if strategy.summary().deterministic or _could_end(strategy, lifetimes):
+        if strategy.summary().deterministic:
+            return None
+        confirm = decision.within is not None and decision.at is None
+        if not confirm and _could_end(strategy, lifetimes):
             return None
         out = {item.lifetime_id for item in lifetimes} - state.seen_lifetimes
         state.seen_lifetimes.update(out)  # their ids are taken: the new ones come after
         try:
+            if confirm:
+                # the confirm step: the plan's next lifetimes beside those under way
+                step = self._lifetimes(decision, free, [item.key[0] for item in lifetimes])
+                return step if isinstance(step, Work) and step.items else None
             step = self._lifetimes(decision, free + len(lifetimes))
         finally:
             state.seen_lifetimes.difference_update(out)
@@ -158,12 +235,24 @@ class BisectDesign:
 
     def observation_entry(self, item: Item, obs: Observation) -> Mapping[str, Any]:
         position, tier = item.key
+        if item.gate:
+            if obs.verdict is Verdict.UNTESTABLE:
+                return entries.untestable(
+                    obs.commit, position, obs.message, stage=str(obs.detail.get("stage") or ""),
+                    duration_s=obs.duration_s)
+            return entries.gate_passed(obs.commit, position, duration_s=obs.duration_s)
         return observation_entry(obs, position, tier)
 
     def end_entry(self, finish: Finish) -> Mapping[str, Any]:
         return end_entry(self.state, finish.state, finish.message)
 
     def progress(self, item: Item) -> Event | None:
+        if item.gate:
+            position = item.key[0]
+            why = self.state.untestable_why.get(position)
+            if position not in self.state.strategy.summary().untestable or why is None:
+                return None
+            return Note(f"the gate refused {self.state.candidates[position].label}: {why}")
         s = self.state.strategy_for(item.key[1]).summary()
         return PosteriorMoved(
             len(self.state.seen_lifetimes),
@@ -174,7 +263,12 @@ class BisectDesign:
 
     # -- lifetimes --------------------------------------------------------------------------
 
-    def _lifetimes(self, decision: Lifetimes, slots: int | None = None) -> Step:
+    def _lifetimes(
+        self, decision: Lifetimes, slots: int | None = None, running: Sequence[int] = ()
+    ) -> Step:
+        """``slots`` lifetimes (all of them by default) for ``decision``; in the confirm step,
+        beside the lifetimes ``running`` (their positions), those the answer is expected to
+        need (``designs.fill``), and none when those running are expected to end it."""
         state, tier = self.state, decision.tier
         slots = self.slots if slots is None else slots
         strategy = state.strategy_for(tier)
@@ -187,8 +281,16 @@ class BisectDesign:
             elif suspect is not None:
                 batch = [Choice(suspect, slots, "the good end showed the bug: a false alarm, "
                                 "or not a good end?")]
+            elif (decision.within is not None and self.slots > 1
+                  and not strategy.summary().deterministic):
+                batch = _confirm_batch(strategy, decision.within, running, slots)
+                if not batch and running:
+                    return Work(())  # those under way are expected to end it: wait for them
+                batch = batch or strategy.select_batch(slots, decision.within)
             else:
                 batch = strategy.select_batch(slots, decision.within)
+                if strategy.summary().deterministic and decision.within is None:
+                    batch = useful_runs(strategy, batch)
         except NoCandidateLeft as exc:
             if tier is Tier.NARROW or decision.within is not None:
                 return switch(Phase.FAITHFUL, f"the tiered search cannot go on ({exc}); going "
@@ -250,19 +352,62 @@ class BisectDesign:
         )
 
 
+def useful_runs(strategy: BayesianStrategy, batch: Sequence[Choice]) -> list[Choice]:
+    """A deterministic probe's batch (the op check: one run settles a candidate) less the runs
+    whose answer could not move the answer: a run at position i tells the flips f <= i from
+    f > i, so it is worth a slot only while each side holds at least the mass the search may
+    leave unresolved (1 - its stopping threshold). The ends' first runs always count. With 8
+    slots the op check ran 12 times over 12 candidates on the H100 (issue 39): the second round
+    filled its slots with candidates beside a flip already bracketed; k slots need about
+    log_{k+1} N rounds of the runs that split what is left."""
+    s = strategy.summary()
+    flips = np.asarray(strategy.posterior(), dtype=float)
+    total = float(flips.sum())
+    if total <= 0:
+        return list(batch)
+    below = np.concatenate([[0.0], np.cumsum(flips) / total])  # mass of f <= i, i = 0 .. n
+    slack = 1 - s.threshold
+    ends = {e for e in s.ends if e is not None and not s.total[e]}
+    kept = [c for c in batch if c.position in ends
+            or min(below[c.position], 1 - below[c.position]) >= slack]
+    return kept or list(batch[:1])
+
+
+def _confirm_batch(
+    strategy: BayesianStrategy, sides: tuple[int, int], running: Sequence[int], free: int
+) -> list[Choice]:
+    """The confirm step's lifetimes for ``free`` slots beside those ``running``: what the
+    answer is expected to need from here, both sides at once (``designs.fill``)."""
+    bad, good = sides
+
+    def stops(s: Summary) -> bool:
+        return bool(s.divergent[bad] and s.total[good] and s.done) \
+            or disagreement(s, Sides(bad, good)) is not None
+
+    planned = fill.next_lifetimes(strategy, running, free, stops, within=sides)
+    counts = Counter(planned)
+    names = {bad: "the bad side", good: "the good side"}
+    return [Choice(position, n, f"{names.get(position, 'a side')}: expected to be needed")
+            for position, n in counts.items()]
+
+
+def _faithful_stops(s: Summary) -> bool:
+    """The plain search would stop (``phases.stop_reason``'s answer, as a plan sees it)."""
+    bad, good = s.ends
+    return bad is None or good is None or bool(
+        s.done and s.bug_shown and s.total[bad] and s.total[good])
+
+
 def _could_end(strategy: BayesianStrategy, running: Sequence[Item]) -> bool:
     """Whether the lifetimes under way would end the search, each coming back as the posterior
-    expects (divergent on the likely bad side): then a slot that comes back waits for them
-    rather than start a lifetime the answer does not need, which the end would wait for
-    (bench/slots.py: refilled at once, the tiered runs took 0.89x as long as whole batches)."""
+    expects (on the bad side showing the bug at p's estimated rate, not every time:
+    ``fill.expected_divergent``): then a slot that comes back waits for them rather than start
+    a lifetime the answer does not need, which the end would wait for (bench/slots.py:
+    refilled at once, the tiered runs took 0.89x as long as whole batches)."""
     if not running:
         return False
-    bad_side = strategy.summary().bad_side
-    what_if = copy.deepcopy(strategy)
-    for item in running:
-        position = item.key[0]
-        what_if.record(position, bool(bad_side[position] >= 0.5))
-    return what_if.summary().done
+    positions = [item.key[0] for item in running]
+    return not fill.plan(strategy, positions, _faithful_stops, most=1)
 
 
 def end_entry(state: State, state_name: EndState, message: str) -> entries.EndEntry:

@@ -165,8 +165,10 @@ def run_controls_task(
     """The positive and negative controls on one candidate, on one node."""
     swap = unpack_swap(shipped)
     evaluator = _node_evaluator(settings, probe, session, swap)
-    # the recipe's control_attempts, as on a single host
-    entry = controls_runner(probe, evaluator, shipped.commit, {}, recipe_env=settings.env).run()
+    # the recipe's control_attempts, as on a single host; the negative control on this task's
+    # one GPU (its share over several servers needs GPU slots of the controls' own)
+    one = dataclasses.replace(probe, negative_servers=1)
+    entry = controls_runner(one, evaluator, shipped.commit, {}, recipe_env=settings.env).run()
     entry["where"] = _where()
     return entry
 
@@ -188,6 +190,17 @@ def free_gpus(ray: ModuleType) -> int:
     total = int(ray.cluster_resources().get("GPU", 0))
     free = int(ray.available_resources().get("GPU", 0))
     return max(1, min(free, total)) if total else 0
+
+
+def gpus_per_task(runtime: RuntimeSettings) -> float:
+    """The GPUs one lifetime's task asks Ray for: ``gpus_per_lifetime`` whole GPUs of one node
+    (a tensor-parallel server), else a share of one where several lifetimes may share a GPU
+    (``lifetimes_per_gpu`` = N: 1/N, Ray's fractional GPUs; "auto" cannot read a remote card
+    from the driver, so it is one a GPU on Ray)."""
+    if runtime.gpus_per_lifetime > 1:
+        return float(runtime.gpus_per_lifetime)
+    per_gpu = runtime.per_gpu() or 1
+    return 1.0 / per_gpu
 
 
 class RayEvaluator:
@@ -215,25 +228,29 @@ class RayEvaluator:
         self.ray = ray_module
         self.progress = progress or (lambda _msg: None)
         self.resubmits = resubmits
-        # SPREAD: one-GPU lifetimes gain nothing from sharing a node, and spreading them keeps
-        # a single node's loss from taking most of the lifetimes in flight.
+        # SPREAD: lifetimes gain nothing from sharing a node, and spreading them keeps a single
+        # node's loss from taking most of the lifetimes in flight.
+        self.task_gpus = gpus_per_task(runtime)
         self._lifetime = ray_module.remote(run_lifetime_task).options(
-            num_gpus=1,
+            num_gpus=self.task_gpus,
             max_retries=task_retries,
             retry_exceptions=False,
             scheduling_strategy="SPREAD",
         )
         self._controls = ray_module.remote(run_controls_task).options(
-            num_gpus=1, max_retries=task_retries, retry_exceptions=False
+            num_gpus=self.task_gpus, max_retries=task_retries, retry_exceptions=False
         )
+        self.shipped = 0  # swap sets put in the object store (each commit once, while kept)
         self._shipped: OrderedDict[str, Any] = OrderedDict()  # commit -> ObjectRef
+        self._ship_turns: dict[str, threading.Lock] = {}  # one put of a commit at a time
         self._lock = threading.Lock()
         self._outstanding: set[Any] = set()
         self._cancelled = threading.Event()
 
     @property
     def parallel(self) -> int:
-        return free_gpus(self.ray)
+        """Lifetimes the cluster runs at once now: its free GPUs over what each task asks."""
+        return max(1, int(free_gpus(self.ray) / self.task_gpus + 1e-9))
 
     # -- Evaluator --------------------------------------------------------------------------------
 
@@ -291,17 +308,26 @@ class RayEvaluator:
     # -- submission, faults, cancel ---------------------------------------------------------------
 
     def _ship(self, swap: SwapSet, fresh: bool = False) -> Any:
+        """The swap set's object in the store, put once however many lifetimes of the commit
+        start at once (the confirm step starts several of one side together; each put of vLLM's
+        extension is hundreds of MB); Ray hands it to each node once, and the node keeps the
+        files in its content-addressed cache (``ray_ship.unpack_swap``). ``fresh``: put again
+        (a resubmission after the object was lost)."""
         with self._lock:
-            ref = None if fresh else self._shipped.get(swap.commit)
-            if ref is not None:
-                self._shipped.move_to_end(swap.commit)
-                return ref
-        ref = self.ray.put(pack_swap(swap, self.runtime.ray_shared_cache))
-        with self._lock:
-            self._shipped[swap.commit] = ref
-            while len(self._shipped) > SHIPPED_KEEP:
-                self._shipped.popitem(last=False)
-        return ref
+            turn = self._ship_turns.setdefault(swap.commit, threading.Lock())
+        with turn:
+            with self._lock:
+                ref = None if fresh else self._shipped.get(swap.commit)
+                if ref is not None:
+                    self._shipped.move_to_end(swap.commit)
+                    return ref
+            ref = self.ray.put(pack_swap(swap, self.runtime.ray_shared_cache))
+            with self._lock:
+                self.shipped += 1
+                self._shipped[swap.commit] = ref
+                while len(self._shipped) > SHIPPED_KEEP:
+                    self._shipped.popitem(last=False)
+            return ref
 
     def _submit(
         self, swap: SwapSet, submit: Callable[[Any], Any], what: str

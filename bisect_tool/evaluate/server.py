@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bisect_tool import entries
 from bisect_tool.errors import (
@@ -35,8 +35,35 @@ from bisect_tool.recipe import ProbeSettings, Recipe
 from bisect_tool.values import Observation, Verdict, short
 
 
+class Crowding(Protocol):
+    """What a lifetime asks of the GPUs it shares (``runtime.gpus.GpuPool``)."""
+
+    def sharing(self, gpu: str | None) -> int:
+        """How many servers share ``gpu``'s card now."""
+        ...
+
+    def back_off(self, gpu: str | None, servers: int) -> bool:
+        """``servers`` were too many on ``gpu``: lower its share; whether that lowered it."""
+        ...
+
+
+def short_of_target(result: ProbeResult) -> bool:
+    """An INCONCLUSIVE lifetime whose repeats never reached the target co-residency."""
+    if result.verdict is not Verdict.INCONCLUSIVE:
+        return False
+    target = result.detail.get("target_coresidency")
+    peaks = result.detail.get("coresidency_per_repeat") or []
+    return isinstance(target, int) and target > 0 and any(
+        isinstance(p, int) and p < target for p in peaks)
+
+
 class ServerEvaluator(_ArtifactEvaluator):
-    """Artifacts -> compatibility gate -> one fresh lifetime -> the server probe."""
+    """Artifacts -> compatibility gate -> one fresh lifetime -> the server probe.
+
+    ``crowding``: the GPU pool the lifetimes lease from; a lifetime that missed the probe's
+    co-residency while other servers shared its card lowers that card's share, so the next
+    lifetimes are not lost the same way (on the H100 one of 8 servers sharing the card reached
+    38-42 of the 44 sequences it needed: INCONCLUSIVE, a whole lifetime spent: issue 39)."""
 
     def __init__(
         self,
@@ -49,8 +76,10 @@ class ServerEvaluator(_ArtifactEvaluator):
         tags: Mapping[str, Sequence[str]],
         gpu_lease: Callable[[], AbstractContextManager[str | None]],
         boot_lock: Callable[[str | None], AbstractContextManager[None]] | None = None,
+        crowding: Crowding | None = None,
     ) -> None:
         super().__init__(provider, tags)
+        self.crowding = crowding
         self.boot_lock = boot_lock or (lambda _gpu: contextlib.nullcontext())
         self.backend = backend
         self.probe_factory = probe_factory
@@ -63,6 +92,20 @@ class ServerEvaluator(_ArtifactEvaluator):
         lifetime, the controls' too, is gated before it boots (the backend checks a swap set
         once and keeps its verdict, ``Backend.check_compatible``)."""
         self.backend.check_compatible(swap)
+
+    def gate_check(self, commit: str, tags: Sequence[str] = ()) -> Observation:
+        """The gate alone on ``commit`` (its artifacts fetched first), no server booted: CLEAN
+        when it passes, else UNTESTABLE saying where (``interfaces.Gates``)."""
+        started = time.monotonic()
+        lifetime_id = f"gate-{short(commit)}"
+        try:
+            swap = self._swap(commit, tags or self.tags.get(commit, ()))
+            self.gate(swap)
+        except UntestableError as exc:
+            return untestable(commit, lifetime_id, exc, started)
+        return Observation(commit, Verdict.CLEAN, lifetime_id,
+                           {"stage": "gate", **swap_facts(swap)}, "",
+                           time.monotonic() - started)
 
     def evaluate(self, commit: str, lifetime_id: str, tags: Sequence[str] = ()) -> Observation:
         started = time.monotonic()
@@ -81,11 +124,12 @@ class ServerEvaluator(_ArtifactEvaluator):
 
     def boot(
         self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str],
-        timing: dict[str, float] | None = None,
+        timing: dict[str, Any] | None = None,
         gpu_lease: Callable[[], AbstractContextManager[str | None]] | None = None,
     ) -> AbstractContextManager[ServerHandle]:
         """One server lifetime on a leased GPU (``gpu_lease``: another pool's, such as the
-        controls' own slot); ``timing["gpu_wait_s"]``: how long it waited for that lease."""
+        controls' own slot); ``timing["gpu_wait_s"]``: how long it waited for that lease,
+        ``timing["gpu"]``: which GPU(s) it got."""
         lease = gpu_lease or self.gpu_lease
 
         @contextmanager
@@ -97,6 +141,7 @@ class ServerEvaluator(_ArtifactEvaluator):
                 # (docs/bench/gpu-2026-12-07-h100)
                 if timing is not None:
                     timing["gpu_wait_s"] = time.monotonic() - asked
+                    timing["gpu"] = gpu
                 spec = LifetimeSpec(self.session, lifetime_id, swap, gpu, env, self.log_dir)
                 # One server boots on a GPU at a time (until /health), even where several
                 # share it: two vLLM servers profiling one GPU at once each count the other's
@@ -121,16 +166,21 @@ class ServerEvaluator(_ArtifactEvaluator):
         self, swap: SwapSet, lifetime_id: str, env: Mapping[str, str], *, sequential: bool
     ) -> ProbeResult:
         started = time.monotonic()
-        waits: dict[str, float] = {}
+        waits: dict[str, Any] = {}
+        crowding = self.crowding
         with self.boot(swap, lifetime_id, env, waits) as server:
             booted = time.monotonic()
+            gpu = waits.get("gpu")
+            servers = crowding.sharing(gpu) if crowding is not None else 1
             probe = self.probe_factory(sequential)
             is_alive = getattr(server, "is_alive", None)
             result = probe.run(server, is_alive)
             probed = time.monotonic()
+            if crowding is not None:
+                servers = max(servers, crowding.sharing(gpu))
             tail = server.log_tail(30)
             backend = _attention_backend(server)
-        waited = waits.get("gpu_wait_s", 0.0)
+        waited = float(waits.get("gpu_wait_s", 0.0))
         detail = {
             **result.detail,
             **({"attention_backend": backend} if backend else {}),
@@ -143,7 +193,15 @@ class ServerEvaluator(_ArtifactEvaluator):
                 "teardown_s": round(time.monotonic() - probed, 3),
             },
         }
-        return ProbeResult(result.verdict, detail, result.message)
+        message = result.message
+        if gpu is not None and crowding is not None:
+            detail["gpu"] = {"id": gpu, "servers": servers}
+            if short_of_target(result) and crowding.back_off(gpu, servers):
+                # a lifetime lost to crowding is a cost: the next ones get fewer neighbours
+                detail["gpu"]["backed_off_to"] = servers - 1
+                message += (f"; {servers} servers shared GPU {gpu}: it takes at most "
+                            f"{servers - 1} lifetimes from now on")
+        return ProbeResult(result.verdict, detail, message)
 
 
 def _attention_backend(server: ServerHandle) -> str | None:
@@ -172,6 +230,7 @@ class ControlsRunner:
         suspects: Mapping[str, str] | None = None,
         suspect_lifetimes: int = 2,
         recipe_env: Mapping[str, str] | None = None,
+        spread: int = 1,
     ) -> None:
         self.evaluator = evaluator
         self.commit = commit
@@ -184,6 +243,8 @@ class ControlsRunner:
         self.recipe_env = dict(recipe_env or {})
         # None: a lifetime's slot, as the lifetimes lease them
         self.gpu_lease = gpu_lease
+        # the servers the negative control's requests are dealt over (probes.controls)
+        self.spread = spread
 
     def run(self) -> dict[str, Any]:
         """Up to ``attempts`` lifetimes until the positive control diverges (it may be
@@ -210,11 +271,13 @@ class ControlsRunner:
             lid = f"control-{short(self.commit)}-{attempt}"
 
             def boot(
-                env: Mapping[str, str], lid: str = lid
+                env: Mapping[str, str], part: int = 0, lid: str = lid
             ) -> AbstractContextManager[ServerHandle]:
-                return self.evaluator.boot(swap, lid, env, gpu_lease=self.gpu_lease)
+                name = f"{lid}-s{part}" if part else lid
+                return self.evaluator.boot(swap, name, env, gpu_lease=self.gpu_lease)
 
-            result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env)
+            result = run_controls(self.evaluator.probe_factory, boot, self.invariance_env,
+                                  spread=self.spread)
             if result.positive_ok or result.could_not_run:
                 break
         assert result is not None
@@ -265,6 +328,7 @@ def server_evaluator(
     gpu_lease: Callable[[], AbstractContextManager[str | None]],
     boot_lock: Callable[[str | None], AbstractContextManager[None]] | None = None,
     observer: Observer = ignore,
+    crowding: Crowding | None = None,
 ) -> ServerEvaluator:
     """Artifacts -> gate -> one lifetime on ``backend`` -> the server probe: the same on every
     backend (a Ray task builds its own on its node with this)."""
@@ -277,6 +341,7 @@ def server_evaluator(
         tags=tags,
         gpu_lease=gpu_lease,
         boot_lock=boot_lock,
+        crowding=crowding,
     )
     evaluator.observer = observer
     return evaluator
@@ -293,5 +358,5 @@ def controls_runner(
     return ControlsRunner(
         evaluator, commit, probe.invariance_env, tags, attempts=probe.control_attempts,
         gpu_lease=gpu_lease, suspects=probe.suspects, suspect_lifetimes=probe.suspect_lifetimes,
-        recipe_env=recipe_env,
+        recipe_env=recipe_env, spread=probe.negative_servers,
     )

@@ -17,11 +17,21 @@ recipe sets it, under each value of a setting besides the recipe's own (``run_su
 in words which values show divergence (``suspect_findings``): #51187's reporters saw their
 divergence go with ``VLLM_USE_FLASHINFER_SAMPLER=0``, and every run of this tool set it to 0,
 so nothing said whether the sampler or the kernels carried it.
+
+The negative control's pass is the longest thing in a run: every request sent alone, priming
+pass and repeats (155 requests, 119 s on the H100, where the whole answer should take 120 s:
+issue 39). ``spread`` boots that many servers of the candidate at once, all with the invariance
+switch off, and deals the requests over them (``ServerDeterminismProbe.split``): each request
+is still sent alone to one server and compared with itself over the same repeats, so the
+control makes the same comparisons on the same stack and setting, in ``spread`` times less
+time; the positive control runs on the first server meanwhile. It fails as the single pass
+would: a request whose repeats differ is a divergent negative control, on whichever server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
@@ -29,9 +39,10 @@ from bisect_tool.errors import UntestableError
 from bisect_tool.interfaces import ProbeResult, ServerHandle, ServerProbe
 from bisect_tool.values import Verdict
 
-# probe_factory(sequential) -> a probe; boot(env) -> a context manager around one lifetime.
+# probe_factory(sequential) -> a probe; boot(env) -> a context manager around one lifetime
+# (boot(env, part): the part-th of the servers the negative control is spread over).
 ProbeFactory = Callable[[bool], ServerProbe]
-Boot = Callable[[Mapping[str, str]], AbstractContextManager[ServerHandle]]
+Boot = Callable[..., AbstractContextManager[ServerHandle]]
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,7 @@ def run_controls(
     boot: Boot,
     invariance_env: str = "VLLM_BATCH_INVARIANT",
     share_lifetime: bool = True,
+    spread: int = 1,
 ) -> ControlsResult:
     """Run the positive control, then the negative one.
 
@@ -103,9 +115,15 @@ def run_controls(
     switch off, which saves a boot (~50 s for vLLM) and is the stronger negative control: even
     the non-invariant server must answer identically when requests come one at a time.
     Otherwise the negative control gets its own lifetime booted with the recipe's env (``{}``).
+    ``spread`` > 1: the negative control's requests are dealt over that many such servers,
+    booted at once (the module's docstring says why it proves the same).
     A boot that fails is an UNTESTABLE control, never an exception.
     """
     off = {invariance_env: "0"}
+    if share_lifetime and spread > 1:
+        parts = _parts(probe_factory(True), spread)
+        if len(parts) > 1:
+            return _spread(probe_factory, boot, off, parts)
     if share_lifetime:
         try:
             with boot(off) as server:
@@ -118,6 +136,58 @@ def run_controls(
     positive = _in_lifetime(boot, off, probe_factory(False))
     negative = _in_lifetime(boot, {}, probe_factory(True))
     return ControlsResult(positive=positive, negative=negative)
+
+
+def _parts(probe: ServerProbe, spread: int) -> list[ServerProbe]:
+    split = getattr(probe, "split", None)
+    return list(split(spread)) if callable(split) else [probe]
+
+
+def _spread(probe_factory: ProbeFactory, boot: Boot, off: Mapping[str, str],
+            parts: Sequence[ServerProbe]) -> ControlsResult:
+    """Both controls over ``len(parts)`` servers booted at once: the positive control and the
+    first share of the negative one's requests on the first, the other shares on the rest."""
+    positive: list[ProbeResult] = []
+
+    def on_server(part: int) -> ProbeResult:
+        try:
+            with boot(off, part) as server:
+                if part == 0:
+                    positive.append(probe_factory(False).run(server))
+                return parts[part].run(server)
+        except UntestableError as exc:
+            failed = ProbeResult(Verdict.UNTESTABLE, {}, f"boot failed: {exc}")
+            if part == 0:
+                positive.append(failed)
+            return failed
+
+    with ThreadPoolExecutor(len(parts), thread_name_prefix="bisect-controls") as servers:
+        negatives = list(servers.map(on_server, range(len(parts))))
+    return ControlsResult(positive=positive[0], negative=merged(negatives))
+
+
+def merged(results: Sequence[ProbeResult]) -> ProbeResult:
+    """One negative control from its shares: divergent if any share diverged (a request's
+    repeats differed on its server), untestable if any could not run, inconclusive if any was,
+    else clean; the detail keeps every share's and sums what the report reads."""
+    order = (Verdict.DIVERGENT, Verdict.UNTESTABLE, Verdict.INCONCLUSIVE, Verdict.CLEAN)
+    verdict = next(v for v in order if any(r.verdict is v for r in results))
+    details = [r.detail for r in results]
+    distinct = [d["distinct_outputs"] for d in details
+                if isinstance(d.get("distinct_outputs"), int)]
+    pairs = [p for d in details for p in (d.get("differing_pairs") or [])]
+    detail: dict[str, object] = {
+        "mode": "sequential",
+        "servers": len(results),
+        "lifetime_id": details[0].get("lifetime_id") if details else None,
+        "repeats": details[0].get("repeats") if details else None,
+        "distinct_outputs": max(distinct) if distinct else None,
+        "differing_pairs": pairs,
+        "parts": details,
+    }
+    messages = [f"server {i + 1} of {len(results)}: {r.message}"
+                for i, r in enumerate(results) if r.verdict is verdict and r.message]
+    return ProbeResult(verdict, detail, "; ".join(messages[:3]))
 
 
 def _in_lifetime(boot: Boot, env: Mapping[str, str], probe: ServerProbe) -> ProbeResult:

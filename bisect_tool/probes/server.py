@@ -18,6 +18,7 @@ only: it is run again, up to ``max_attempts`` times.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import random
 import secrets
@@ -96,6 +97,7 @@ class ServerDeterminismProbe:
         self.max_attempts = max_attempts
         self.poll_interval_s = poll_interval_s
         s = settings
+        self.part: tuple[int, int] | None = None  # (index, of how many): ``split``
         self.workload: Workload = build_workload(
             s.requests, s.fillers, s.prefix_tokens, s.prompt_tokens, s.filler_tokens,
             s.vocab_size, s.seed,
@@ -104,6 +106,23 @@ class ServerDeterminismProbe:
     @property
     def target(self) -> int:
         return target_coresidency(self.settings, self.sequential)
+
+    def split(self, parts: int) -> list[ServerDeterminismProbe]:
+        """The workload's requests dealt in turn over ``parts`` probes, for as many servers of
+        one candidate (the negative control spread over servers: ``probes.controls``). Each
+        request is still sent alone, after its own priming pass, and compared with itself over
+        the same repeats on one server: the comparisons are the ones one probe makes, in
+        ``parts`` times less time (on the H100 the sequential pass took 119 s, the longest
+        thing in the run: issue 39)."""
+        out = []
+        for part in range(max(1, min(parts, self.workload.size))):
+            probe = copy.copy(self)
+            prompts = self.workload.prompts[part::parts]
+            shared = len(range(part, self.workload.shared, parts))
+            probe.workload = Workload(prompts=prompts, shared=shared)
+            probe.part = (part, parts)
+            out.append(probe)
+        return out
 
     def run(self, server: ServerHandle, is_alive: Callable[[], bool] | None = None) -> ProbeResult:
         return asyncio.run(self.run_async(server, is_alive))
@@ -122,6 +141,8 @@ class ServerDeterminismProbe:
             "requests": s.requests,
             "fillers": s.fillers,
             "prompt_tokens_total": self.workload.prompt_tokens,
+            **({"part": list(self.part), "requests_sent": self.workload.size}
+               if self.part else {}),
             "max_tokens": s.max_tokens,
             "logprobs": s.logprobs,
             "jitter_ms": 0.0 if self.sequential else s.jitter_ms,

@@ -53,6 +53,9 @@ class Backend(abc.ABC, Generic[L]):
         # one check of a swap set at a time: two slots given the same candidate at once each ran
         # the gate's interpreter on the H100 (7-11 s apiece, docs/bench/gpu-2026-12-07-h100)
         self._gate_locks: dict[GateKey, threading.Lock] = {}
+        # the pinned extension's schemas are read once, however many gates ask at once (a
+        # release-level run gates every release in parallel)
+        self._pinned_lock = threading.Lock()
         self._live: dict[str, L] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -126,7 +129,12 @@ class Backend(abc.ABC, Generic[L]):
             if exts:
                 try:
                     with self._schema_dumps(swap) as (pinned, candidate):
-                        schemas.check_extensions(swap, exts, pinned, candidate,
+
+                        def pinned_once(rel: str) -> dict[str, str] | None:
+                            with self._pinned_lock:
+                                return pinned(rel)
+
+                        schemas.check_extensions(swap, exts, pinned_once, candidate,
                                                  self.settings.gate_ops)
                 except IncompatibleExtension as refused:
                     self._refused[key] = refused

@@ -121,16 +121,19 @@ class GpuAccess:
     files: tuple[tuple[str, str], ...] = ()
 
     def nodes_for(self, gpu: str | None) -> list[str]:
+        """The nodes of ``gpu``'s GPUs ("0,1": a tensor-parallel lifetime's), and the control
+        nodes."""
         if gpu is None:  # no GPU leased: every GPU, as a process on the host would see them
-            gpus = sorted(set(self.gpu_nodes.values()))
-        elif gpu in self.gpu_nodes:
-            gpus = [self.gpu_nodes[gpu]]
-        else:
-            known = ", ".join(sorted(self.gpu_nodes)) or "none"
-            raise InfrastructureError(
-                f"GPU {gpu!r} has no device node on this host (GPUs found: {known}); "
-                "fix [runtime] gpus / --gpus"
-            )
+            return [*self.control_nodes, *sorted(set(self.gpu_nodes.values()))]
+        gpus = []
+        for one in gpu.split(","):
+            if one not in self.gpu_nodes:
+                known = ", ".join(sorted(self.gpu_nodes)) or "none"
+                raise InfrastructureError(
+                    f"GPU {one!r} has no device node on this host (GPUs found: {known}); "
+                    "fix [runtime] gpus / --gpus"
+                )
+            gpus.append(self.gpu_nodes[one])
         return [*self.control_nodes, *gpus]
 
     def create_kwargs(self, gpu: str | None, *, one_shot: bool = False) -> dict[str, Any]:
@@ -140,7 +143,7 @@ class GpuAccess:
             if gpu is None or one_shot:
                 return {}
             return {"device_requests": [
-                docker.types.DeviceRequest(device_ids=[gpu], capabilities=[["gpu"]])
+                docker.types.DeviceRequest(device_ids=gpu.split(","), capabilities=[["gpu"]])
             ]}
         # A one-shot (package lookup, schema dump) loads the extension, which links libcuda, but
         # computes nothing: the libraries and the control nodes, no GPU of anyone's lifetime.

@@ -24,6 +24,10 @@
 #             neither timed run pays for it
 #   bisect    tiered (the op check narrows, lifetimes confirm), state $DEV/state-tiered
 #   nonarrow  --no-narrow (lifetimes only), state $DEV/state-nonarrow
+#   cold      the default run from an emptied cache (issue 39, item 5: "artifacts carried in,
+#             the cache emptied"): $DEV/cache-cold holds only the listing, and each release's
+#             files come from its carried folder ($DEV/so/V, [artifacts] local_paths), state
+#             $DEV/state-cold
 #             Each: `bisect start`, or `bisect resume` when its journal exists; bounded by
 #             DEADLINE_S (SIGTERM: the run journals and stops), resumed by the next call. The
 #             seconds of every call are appended to $DEV/times-MODE.tsv and summed.
@@ -33,10 +37,12 @@
 #
 # Env: DEV (/tmp/dev), CARRY (.devcarry), OUT, DEADLINE_S (540), GOOD (0.28.0), BAD (0.22.0),
 # GATE_OPS (unset: the full gate; a space-separated op list limits it, as release_proof's locate),
-# RELEASES_ONLY (a space-separated subset of the ten, for a shorter range), PER_GPU (2: lifetimes
-# sharing the GPU; each server is then told its KV cache size, 3 GiB, the
-# seed's 27,744 tokens, so it skips vLLM's free-memory profile and boots beside the other; and
-# the controls' server gets a slot of its own beside them: [runtime] controls_own_slot),
+# RELEASES_ONLY (a space-separated subset of the ten, for a shorter range), PER_GPU ("auto", the
+# recipe's default: as many lifetimes on the GPU as its free memory holds, at most 6 until the
+# probe's co-residency says otherwise, each server told its KV cache size, the controls on slots
+# of their own: bisect_tool/runtime/sizing.py; a number N > 1: N, each told 3 GiB, the seed's
+# 27,744 tokens, so it skips vLLM's free-memory profile, and the controls' server on a slot of
+# its own: [runtime] controls_own_slot; 1: one lifetime at a time),
 # RECIPE (batch-invariance: the bundled recipe the runs use, completed for this machine; another
 # one's runs keep their own state, times and journals, named with its suffix, e.g.
 # state-tiered-compiled for batch-invariance-compiled: scripts/gpu/issue40.sh), SUSPECTS (0: its
@@ -48,7 +54,8 @@ CARRY=${CARRY:-.devcarry}
 OUT=${OUT:-$DEV/out}
 DEADLINE_S=${DEADLINE_S:-540}
 GOOD=${GOOD:-0.28.0}
-PER_GPU=${PER_GPU:-2}
+PER_GPU=${PER_GPU:-auto}
+GPUS=${GPUS:-0}  # the GPUs lifetimes spread over (issue 44: "0,1,2,3")
 BAD=${BAD:-0.22.0}
 PY=${PY:-python3}
 RECIPE=${RECIPE:-batch-invariance}
@@ -105,10 +112,16 @@ untar_xz() {  # SRC DIR
 sha_ok() {  # FILE SHA
   [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
 }
-recipe() {  # the bundled recipe completed for this machine
-  local f=$DEV/$RECIPE-range.toml gate="" drop=()
+recipe() {  # the bundled recipe completed for this machine (COLD=1: its files from $DEV/so)
+  local f=$DEV/$RECIPE-range${COLD:+-cold}.toml gate="" drop=()
+  local sources='sources = ["wheel-index", "release", "local", "source-build"]'
   # FlashInfer is not carried: without it both sampler settings run PyTorch's sampler
   [ "$SUSPECTS" = 1 ] || drop=(-e '/^\[probe\.suspects\]/,/^$/d')
+  if [ -n "${COLD:-}" ]; then
+    local v paths=()
+    for v in "${RELEASES[@]}"; do paths+=("\"v$v\" = \"$DEV/so/$(file_of "$v")\""); done
+    sources="sources = [\"local\"]\nlocal_paths = { $(IFS=,; echo "${paths[*]}") }"
+  fi
   if [ -n "${GATE_OPS:-}" ]; then
     local ops; read -ra ops <<<"$GATE_OPS"
     gate="gate_ops = [$(printf '"%s", ' "${ops[@]}" | sed 's/, $//')]"
@@ -116,16 +129,19 @@ recipe() {  # the bundled recipe completed for this machine
   # PER_GPU lifetimes at once on the GPU. Servers profiling one GPU at once each count the
   # other's memory as their own ("Available KV cache memory: -0.67 GiB", docs/h200/releases):
   # with more than one, each is told its KV cache size (--kv-cache-memory-bytes: no profile)
-  local share="" OWN_SLOT=false
-  if [ "$PER_GPU" -gt 1 ]; then
+  local share="" OWN_SLOT=false per_gpu=$PER_GPU
+  if [ "$PER_GPU" = auto ]; then
+    per_gpu='"auto"'  # sized from the card when the run starts (the tool adds the KV size)
+  elif [ "$PER_GPU" -gt 1 ]; then
     # and the controls' server gets a slot of its own beside them (three servers of ~4 GiB
     # on the card), so the confirm step keeps both lifetimes' slots
     OWN_SLOT=true
     share='\n  "--gpu-memory-utilization", "0.3",\n  "--kv-cache-memory-bytes", "3221225472",'
   fi
-  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [\"0\"]\nlifetimes_per_gpu = $PER_GPU\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
+  sed -e "s|^backend = \"local\"|backend = \"local\"\npinned_package_dir = \"$DEV/site\"\npython = \"python3\"\ngpus = [$(echo "$GPUS" | sed 's/[^,][^,]*/\\"&\\"/g; s/,/, /g')]\nlifetimes_per_gpu = $per_gpu\ncontrols_own_slot = $OWN_SLOT${gate:+\\n$gate}|" \
       -e "s|^  \"--skip-tokenizer-init\",|  \"--skip-tokenizer-init\",$share|" \
       -e "/^\[runtime\.env\]/,/^\[/ s|^VLLM_BATCH_INVARIANT = \"1\"|VLLM_BATCH_INVARIANT = \"1\"\nVLLM_USE_FLASHINFER_SAMPLER = \"0\"|" \
+      -e "s|^sources = \[.*\]$|$sources|" \
       -e "s|^weights = \"random:models/\(.*\)\"|weights = \"random:$PWD/bisect_tool/recipes/models/\1\"|" \
       "${drop[@]}" bisect_tool/recipes/"$RECIPE".toml >"$f"
   grep -q "^pinned_package_dir = \"$DEV/site\"" "$f" || { log "recipe: the bundled recipe changed; fix the sed in recipe()"; exit 2; }
@@ -324,6 +340,17 @@ run_bisect() {  # MODE [start flags...]
   local mode=$1; shift
   local sd=$DEV/state-$mode r rc t0 state
   all_imported || return 1
+  if [ "$mode" = cold ]; then
+    # an emptied cache with only the listing (no index is reachable here); emptied once, at the
+    # run's start: a resumed cold run keeps what it fetched
+    export BISECT_CACHE_DIR=$DEV/cache-cold COLD=1
+    if [ ! -f "$sd/journal.jsonl" ]; then
+      rm -rf "$BISECT_CACHE_DIR" && mkdir -p "$BISECT_CACHE_DIR/index"
+      cp "$DEV/cache/index/vllm.json" "$BISECT_CACHE_DIR/index/vllm.json"
+      # the random checkpoint is the model, not an artifact: the same one as the cached runs'
+      [ -d "$DEV/cache/models" ] && cp -r "$DEV/cache/models" "$BISECT_CACHE_DIR/models"
+    fi
+  fi
   r=$(recipe)
   if [ -f "$sd/journal.jsonl" ]; then
     state=$("$PY" -m bisect_tool status --json --state-dir "$sd" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["state"])')
@@ -356,7 +383,7 @@ step_report() {
   # everything else in one archive.
   local mode sd rec=$DEV/record
   rm -rf "$rec" && mkdir -p "$rec"
-  for mode in "tiered$TAG" "nonarrow$TAG"; do
+  for mode in "tiered$TAG" "nonarrow$TAG" cold; do
     sd=$DEV/state-$mode
     [ -f "$sd/journal.jsonl" ] || { log "report: $mode has no journal"; continue; }
     "$PY" -m bisect_tool report --state-dir "$sd" -o "$rec/report-$mode.md" || true
@@ -379,9 +406,10 @@ for step in "$@"; do
     model) step_model ;;
     bisect) run_bisect "tiered$TAG" ;;
     nonarrow) run_bisect "nonarrow$TAG" --no-narrow ;;
+    cold) (run_bisect cold) ;;
     report) step_report ;;
     recipe) log "recipe: $(recipe)" ;;  # the recipe the runs use, written and checked alone
-    *) echo "unknown step $step (stack, so, verify, model, bisect, nonarrow, report, recipe)" >&2; exit 2 ;;
+    *) echo "unknown step $step (stack, so, verify, model, bisect, nonarrow, cold, report, recipe)" >&2; exit 2 ;;
   esac
   log "$step done ($(( $(date +%s) - t0 )) s)"
 done

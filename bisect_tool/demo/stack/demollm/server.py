@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from demollm import __version__
@@ -37,14 +38,81 @@ from demollm.model import DemoModel, ModelConfig
 logger = logging.getLogger("demollm")
 
 
+class Peers:
+    """The demo servers sharing this server's device: one file a server, named by its pid, in
+    ``root/<device>`` (``DEMOLLM_DEVICE_DIR``; the device is ``CUDA_VISIBLE_DEVICES``, as the
+    tool sets it for each lifetime). A file whose process is gone does not count."""
+
+    def __init__(self, root: str, device: str) -> None:
+        self.dir = Path(root) / (device.replace(",", "_").replace("/", "_") or "cpu") \
+            if root else None
+        self.me: Path | None = None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.me = self.dir / str(os.getpid())
+            self.me.write_text("")
+        self._counted = (0.0, 1)
+
+    def count(self) -> int:
+        """Servers on the device now, this one included (re-read at most every 0.2 s)."""
+        if self.dir is None:
+            return 1
+        at, n = self._counted
+        if time.monotonic() - at < 0.2:
+            return n
+        n = 0
+        for entry in self.dir.iterdir():
+            try:
+                os.kill(int(entry.name), 0)
+            except (ValueError, ProcessLookupError):
+                continue
+            except PermissionError:
+                pass  # alive, another user's
+            n += 1
+        self._counted = (time.monotonic(), max(1, n))
+        return max(1, n)
+
+    def close(self) -> None:
+        if self.me is not None:
+            self.me.unlink(missing_ok=True)
+
+
+class HandOver:
+    """A model of crowding, the demo's stand-in for servers sharing one machine (``--crowd-ms``):
+    each request's hand-over from the HTTP side to the engine costs ``crowd_ms`` for every other
+    server on the device, one request at a time, as an API server process waiting for a core
+    hands a burst over in turn. A burst thus spreads in time as servers are added, and fewer of
+    its requests are in the engine at once: the co-residency the probe reaches falls with the
+    number of servers, as it did with 8 vLLM servers on one H100 (38-42 of 44: bisect's issue
+    39). 0 (the default): no crowding, whatever shares the device. A model, not a measurement:
+    its cost per server is the flag's, stated by whoever sets it."""
+
+    def __init__(self, crowd_ms: float, peers: Peers) -> None:
+        self.crowd_s = max(0.0, crowd_ms) / 1000.0
+        self.peers = peers
+        self._free_at = 0.0
+        self._lock = threading.Lock()
+
+    def arrival(self, arrived: float) -> float:
+        """When a request that arrived at ``arrived`` reaches the engine."""
+        cost = self.crowd_s * (self.peers.count() - 1)
+        if cost <= 0:
+            return arrived
+        with self._lock:
+            self._free_at = max(arrived, self._free_at) + cost
+            return self._free_at
+
+
 class ApiServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256
 
-    def __init__(self, address: tuple[str, int], loop: EngineLoop, model_name: str) -> None:
+    def __init__(self, address: tuple[str, int], loop: EngineLoop, model_name: str,
+                 handover: HandOver | None = None) -> None:
         super().__init__(address, Handler)
         self.loop = loop
         self.model_name = model_name
+        self.handover = handover
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -88,6 +156,8 @@ class Handler(BaseHTTPRequestHandler):
         if not loop.alive:
             self._error(503, "engine is dead", "EngineDeadError")
             return
+        if self.server.handover is not None:
+            arrived = self.server.handover.arrival(arrived)
         try:
             body = json.loads(raw)
             request = _parse(body, loop.engine, self.server.model_name, arrived, declared)
@@ -324,7 +394,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          default=False, help="reuse the running sums of cached prompt blocks")
     caching.add_argument("--no-enable-prefix-caching", dest="prefix_caching",
                          action="store_false")
+    parser.add_argument(
+        "--crowd-ms",
+        type=float,
+        default=0.0,
+        help="modelled cost of each request's hand-over to the engine for every other demo "
+        "server on this device (DEMOLLM_DEVICE_DIR lists them; 0: no crowding)",
+    )
     # Accepted for command-line compatibility with vLLM recipes; the demo has no tokenizer.
+    # (The tool tells servers sharing a GPU their KV cache size and memory share.)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--skip-tokenizer-init", action="store_true")
     return parser.parse_args(argv)
 
@@ -375,7 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     loop = EngineLoop(engine, timing)
     loop.start()
-    server = ApiServer((args.host, args.port), loop, args.model)
+    peers = Peers(os.environ.get("DEMOLLM_DEVICE_DIR", ""),
+                  os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    handover = HandOver(args.crowd_ms, peers) if args.crowd_ms > 0 else None
+    if handover is not None:
+        logger.info("crowding: %.1f ms a request for every other server on device %r",
+                    args.crowd_ms, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    server = ApiServer((args.host, args.port), loop, args.model, handover)
     host, port = server.server_address[:2]
     stopping = threading.Event()
 
@@ -392,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.server_close()
         loop.stop()
+        peers.close()
     return 0
 
 
