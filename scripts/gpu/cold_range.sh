@@ -15,9 +15,9 @@
 #
 #   build    wheel-heads.tar.xz -> $DEV/heads; the index's files -> $DEV/host-LAYOUT
 #   run      the host on 127.0.0.1 (killed at exit); `bisect start --releases` (or resume) with
-#            BISECT_CACHE_DIR=$DEV/cache-cold (emptied at the start; the random checkpoint,
+#            BISECT_CACHE_DIR=$DEV/cache-cold-http (emptied at the start; the random checkpoint,
 #            no artifact, linked in from the warm cache) and PIP_INDEX_URL the loopback index;
-#            state $DEV/state-cold, seconds in $DEV/times-cold.tsv, requests in $LOGS/cold-host.tsv
+#            state $DEV/state-cold-http, seconds in $DEV/times-cold-http.tsv, requests in $LOGS/cold-host.tsv
 #   report   journal -> $OUT/journal-cold.jsonl; report, status, times, logs -> $OUT/record-cold.tgz
 #
 # Env: DEV (/tmp/dev), CARRY (.devcarry), OUT, DEADLINE_S (540), GOOD (0.28.0), BAD (0.22.0),
@@ -43,10 +43,12 @@ from bisect_tool.artifacts.sources import ReleaseSource
 print("sparse" if "fetch_members" in inspect.getsource(ReleaseSource) else "padded")')
 fi
 HOST=$DEV/host-$LAYOUT
-COLD=$DEV/cache-cold
-SD=$DEV/state-cold
+# Names of their own: branch slots' `release_range.sh cold` (files from local folders, no fetch)
+# keeps $DEV/state-cold; both bring back journal-cold.jsonl, what bench/gpu_record.py reads
+COLD=$DEV/cache-cold-http
+SD=$DEV/state-cold-http
 # A call brings back 8 files: the logs go into record-cold.tgz, not $OUT
-LOGS=$DEV/cold-logs
+LOGS=$DEV/cold-http-logs
 mkdir -p "$DEV" "$OUT" "$LOGS"
 export PYTHONPATH=${PYTHONPATH_PRE:+$PYTHONPATH_PRE:}$PWD:$DEV/site:$DEV/deps
 export VLLM_USE_FLASHINFER_SAMPLER=0
@@ -110,16 +112,16 @@ step_run() {
   fi
   rc=${PIPESTATUS[0]}
   set -e
-  echo -e "$(date -u +%FT%TZ)\t$(( $(date +%s) - t0 ))\t$rc" >>"$DEV/times-cold.tsv"
+  echo -e "$(date -u +%FT%TZ)\t$(( $(date +%s) - t0 ))\t$rc" >>"$DEV/times-cold-http.tsv"
   kill "$host_pid" 2>/dev/null || true
   wait "$host_pid" 2>/dev/null || true
   trap - EXIT
   BISECT_CACHE_DIR=$COLD "$PY" -m bisect_tool status --state-dir "$SD" || true
-  log "run: exit $rc$([ "$rc" = 124 ] && echo ' (deadline: the next call resumes it)'); $(awk -F'\t' '{s += $2; n++} END {printf "%d s over %d call(s)", s, n}' "$DEV/times-cold.tsv"); $(awk -F'\t' '$4 ~ /^\/files\// {b += $7; n++} END {printf "%d requests, %d bytes of wheels", n, b}' "$LOGS/cold-host.tsv")"
+  log "run: exit $rc$([ "$rc" = 124 ] && echo ' (deadline: the next call resumes it)'); $(awk -F'\t' '{s += $2; n++} END {printf "%d s over %d call(s)", s, n}' "$DEV/times-cold-http.tsv"); $(awk -F'\t' '$4 ~ /^\/files\// {b += $7; n++} END {printf "%d requests, %d bytes of wheels", n, b}' "$LOGS/cold-host.tsv")"
 }
 
 step_report() {
-  local rec=$DEV/record-cold
+  local rec=$DEV/record-cold-http
   [ -f "$SD/journal.jsonl" ] || { log "report: no journal"; return 0; }
   rm -rf "$rec" && mkdir -p "$rec"
   export BISECT_CACHE_DIR=$COLD
@@ -127,7 +129,8 @@ step_report() {
   "$PY" -m bisect_tool report --state-dir "$SD" --format json -o "$rec/report-cold.json" || true
   "$PY" -m bisect_tool status --json --state-dir "$SD" >"$rec/status-cold.json" || true
   cp "$SD/journal.jsonl" "$OUT/journal-cold.jsonl"
-  cp "$DEV/times-cold.tsv" "$LOGS"/* "$rec/" 2>/dev/null || true
+  cp "$LOGS"/* "$rec/" 2>/dev/null || true
+  cp "$DEV/times-cold-http.tsv" "$rec/times-cold.tsv"  # the name bench/gpu_record.py reads
   cp "$HOST/index.json" "$rec/host-index.json" 2>/dev/null || true
   mkdir -p "$rec/logs-cold" && cp -r "$SD/logs/." "$rec/logs-cold/" 2>/dev/null || true
   tar -C "$rec" -czf "$OUT/record-cold.tgz" .
