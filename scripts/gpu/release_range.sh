@@ -19,6 +19,8 @@
 #             $DEV/pending), sha256 checked, into $DEV/so/V; then
 #             `bisect artifacts import --release V` for each release, the byte-identical ones
 #             (0.22.1 = 0.22.0, 0.25.1 = 0.25.0) from the same file. Says what is still missing.
+#             Also vllm/_moe_C_stable_libtorch.abi3.so (so-moe-V.xz, so-moe-V.from-moe-B.zst)
+#             into $DEV/moe/V, for issue 40's MoE op check (scripts/gpu/issue40.sh)
 #   verify    the pinned server module imports with 0.26.0's extension in place
 #   model     the random Qwen3-0.6B checkpoint the recipe asks for, made once in the cache, so
 #             neither timed run pays for it
@@ -89,11 +91,22 @@ declare -A SHA=(
   [0.27.1]=f1540ca05e8c456817cf382cef4133bcbe7e90433f831fc834bf339e3d75dd12
   [0.28.0]=670960f482dc77e9e5ac5b55aa8c31f3b602389e09374c188fb68c10a5984a22
   [fa3-0.26.0]=ef90b69390afc0e579be5d12c57598879d57efe2fe38cecf05a9268f9bdd1cf3
-  [py26]=89e9f6f3a1aa3782e674fdc7c6795ec1d71a2f1913764c34985b8727bd8816fd
+  # the tar scripts/gpu/make_payloads.sh makes (directory times set: the same wheel makes the
+  # same tar)
+  [py26]=cd6911bfed39b3898a03fbaa81cd6aa8320beb60d06abf77dc421991ec5f4b7c
+  # vllm/_moe_C_stable_libtorch.abi3.so (issue 40's MoE recipe), placed where
+  # scripts/gpu/issue40.sh looks for it: so-moe-0.26.0.xz, so-moe-0.27.0.from-moe-0.26.0.zst
+  [moe-0.26.0]=c4a1f9e89cf71f03b8c10d0364da46452f7ae7efb062b7ad7749383dc2239ccf
+  [moe-0.27.0]=17f080d87f20e4a848b1583c37adf09f3ced5b70291b3f91d4499472b40599e6
 )
 
 log() { echo "[release_range] $*"; }
-so_path() { echo "$DEV/so/$1/vllm/_C_stable_libtorch.abi3.so"; }
+so_path() {  # V (vllm/_C_stable_libtorch) or moe-V (vllm/_moe_C_stable_libtorch)
+  case $1 in
+    moe-*) echo "$DEV/moe/${1#moe-}/vllm/_moe_C_stable_libtorch.abi3.so" ;;
+    *) echo "$DEV/so/$1/vllm/_C_stable_libtorch.abi3.so" ;;
+  esac
+}
 file_of() { echo "${FILE_OF[$1]:-$1}"; }
 
 unxz_to() {  # SRC DEST (atomic: a killed call leaves no half file at DEST)
@@ -176,7 +189,8 @@ step_stack() {
       need=$("$PY" - "$DEV/deps/.tool-wheels" <<'EOF'
 import pathlib, sys
 from importlib import metadata
-mins = {"filelock": "3.12", "rich": "13", "prometheus_client": "0.20", "packaging": "24"}
+mins = {"filelock": "3.12", "rich": "13", "prometheus_client": "0.20", "packaging": "24",
+        "requests": "2.31", "psutil": "5.9"}
 def key(v):
     return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
 for name, low in mins.items():
@@ -217,7 +231,7 @@ EOF
   fi
   [ -f "$BISECT_CACHE_DIR/index/vllm.json" ] || log "stack: listing MISSING (carry .devcarry/vllm-listing.json)"
   if [ -f "$DEV/site/.ok" ] && [ -f "$DEV/deps/.ok" ] && [ "${CHECK_IMPORT:-1}" = 1 ]; then
-    "$PY" -c 'import vllm, fastapi, uvicorn, openai, msgspec, zmq, xgrammar, zstandard, git, tenacity, docker, platformdirs
+    "$PY" -c 'import vllm, fastapi, uvicorn, openai, msgspec, zmq, xgrammar, zstandard, git, tenacity, docker, platformdirs, tomlkit, pydantic
 print("[release_range] stack: vllm", vllm.__version__, "and the tool deps import")'
   fi
   log "stack: ${did[*]:-nothing new}"
