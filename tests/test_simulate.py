@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -113,3 +114,54 @@ def test_grid_runs_every_target_cell_with_the_asked_trials() -> None:
     }
     assert all(c["trials"] == 1 for c in cells)
     assert all(set(c["ratios"]) == {"bayes_over_lower_bound", "bayes_over_classic"} for c in cells)
+
+
+# ---- the simulation is the product's own search (issue 42, item 1) ---------------------------
+
+
+def test_a_quiet_bad_end_stops_the_simulated_search_as_it_stops_a_run() -> None:
+    """A bad end that never shows the bug: the run's rule stops after its 12 lifetimes without
+    an answer (the hand copy searched on to its budget), and ``simulate`` counts such runs
+    apart from the wrong answers, with the lifetimes they took."""
+    from bisect_tool.recipe import SearchSettings
+    from bisect_tool.simulate import History, Lifetimes, Outcome, run_design, search_header
+    from bisect_tool.values import Direction
+    from bisect_tool.verdict import EndState
+
+    quiet = History((0.0,) * 33, Direction.FIX, 16)
+    lifetimes = Lifetimes(quiet, np.random.default_rng(0))
+    run = run_design(search_header(quiet), lifetimes)
+    assert (run.end, run.outcome) == (EndState.BAD_END_NEVER, Outcome.NO_ANSWER)
+    assert lifetimes.count == SearchSettings().max_end_lifetimes == 12
+    r = simulate(16, 0.1, 0.0, 20, seed=2, processes=1)
+    bayes = r.strategies["bayes"]
+    assert 0 < bayes.no_answer < 20 and bayes.no_answer_evaluations >= 12
+    assert bayes.errors + bayes.no_answer + round(bayes.accuracy * 20) == 20
+
+
+def test_a_good_end_that_fails_every_lifetime_is_said_so_not_explained_away() -> None:
+    """Issue 30's history (a real flip inside, the given good end failing too): right is the
+    stop that names the good end, never the flip."""
+    r = simulate(40, 1.0, 0.0, 12, seed=0, processes=1, flaky_good_end_rate=1.0)
+    assert r.shape == "good end at 1"
+    assert r.strategies["bayes"].accuracy == 1.0
+    assert r.strategies["bayes"].errors == 0
+
+
+def test_the_harness_names_the_flip_of_a_history_in_either_direction() -> None:
+    from bisect_tool.simulate import Lifetimes, Outcome, run_design, search_header, step
+    from bisect_tool.values import Direction
+
+    for direction in Direction:
+        history = step(40, 13, 1.0, 0.0, direction)
+        lifetimes = Lifetimes(history, np.random.default_rng(0))
+        run = run_design(search_header(history), lifetimes)
+        assert (run.outcome, run.block, str(run.end)) == (Outcome.RIGHT, (13,), "done")
+        assert run.confidence >= 0.99
+        assert run.lifetimes == lifetimes.count
+
+
+def test_the_tiered_search_is_right_with_a_fast_probe_that_flips_elsewhere() -> None:
+    r = simulate(32, 0.8, 0.0, 6, seed=1, processes=1, tiered=True, stand_in_wrong=True)
+    assert r.strategies["tiered"].accuracy == 1.0
+    assert r.strategies["tiered"].mean_cost > 0

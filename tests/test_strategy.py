@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_tool.simulate import _History, _run_bayes
+from bisect_tool.simulate import Lifetimes, Outcome, run_design, search_header, step
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
 from bisect_tool.strategy.evidence import Evidence
 from bisect_tool.strategy.information import Plan, expected_information, plan_values
@@ -165,10 +165,10 @@ def test_deterministic_bug_costs_about_what_classic_bisection_costs() -> None:
     classic = (2 + math.ceil(math.log2(n))) * 11
     costs = []
     for flip in (1, 17, 128, 200, 256):
-        h = _History(n, flip, 1.0, 0.0, np.random.default_rng(flip))
-        found, confidence = _run_bayes(h, Costs(), 0.99, 2000)
-        assert found == flip
-        assert confidence >= 0.99
+        h = Lifetimes(step(n, flip, 1.0, 0.0), np.random.default_rng(flip))
+        run = run_design(search_header(h.history), h)
+        assert run.outcome is Outcome.RIGHT and run.block == (flip,)
+        assert run.confidence >= 0.99
         costs.append(h.cost(Costs()))
     assert np.mean(costs) <= 1.2 * classic, costs
 
@@ -182,10 +182,12 @@ def test_reported_confidence_matches_observed_accuracy() -> None:
     for p in (0.3, 0.5, 0.8, 1.0):
         for _ in range(40):
             flip = int(rng.integers(1, 33))
-            h = _History(32, flip, p, 0.01, np.random.default_rng(int(rng.integers(2**32))))
-            found, confidence = _run_bayes(h, Costs(), 0.99, 2000)
-            right.append(found == flip)
-            reported.append(confidence)
+            h = Lifetimes(step(32, flip, p, 0.01), np.random.default_rng(int(rng.integers(2**32))))
+            run = run_design(search_header(h.history, budget=2000), h)
+            if run.outcome is Outcome.NO_ANSWER:
+                continue  # no confidence stated: nothing to calibrate
+            right.append(run.outcome is Outcome.RIGHT)
+            reported.append(run.confidence)
     accuracy, mean_reported = float(np.mean(right)), float(np.mean(reported))
     assert mean_reported >= 0.99
     # 160 runs: one standard error at 0.99 is 0.008; allow three

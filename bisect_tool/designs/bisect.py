@@ -21,7 +21,7 @@ from bisect_tool.designs import Finish, Item, Step, Work, controls_item
 from bisect_tool.designs.phases import (
     Lifetimes,
     decide,
-    ends_contradict_message,
+    ends_contradict,
     suspect_lifetimes,
     switch,
 )
@@ -161,7 +161,7 @@ class BisectDesign:
         return observation_entry(obs, position, tier)
 
     def end_entry(self, finish: Finish) -> Mapping[str, Any]:
-        return end_entry(self.state, finish.state, finish.message)
+        return end_entry(self.state, finish.state, finish.message, finish.extra)
 
     def progress(self, item: Item) -> Event | None:
         s = self.state.strategy_for(item.key[1]).summary()
@@ -198,8 +198,7 @@ class BisectDesign:
             if good is not None and summary.divergent[good]:
                 # nothing left to run, and the good end showed the bug: that, not an untestable
                 # range, is why no flip holds the confidence
-                return Finish(EndState.ENDS_CONTRADICT, ends_contradict_message(
-                    state, "good", summary, good_end_not_good(summary)))
+                return ends_contradict(state, "good", summary, good_end_not_good(summary))
             return Finish(EndState.NO_CANDIDATE, str(exc))
         items: list[Item] = []
         events: list[Event] = []
@@ -265,10 +264,13 @@ def _could_end(strategy: BayesianStrategy, running: Sequence[Item]) -> bool:
     return what_if.summary().done
 
 
-def end_entry(state: State, state_name: EndState, message: str) -> entries.EndEntry:
+def end_entry(
+    state: State, state_name: EndState, message: str, facts: Mapping[str, Any] | None = None
+) -> entries.EndEntry:
     """The ``end`` entry (so `status` reports the outcome and a new `start` is allowed), with
-    the summary at that point."""
+    the summary at that point and what the stop rule saw (``facts``, plain values)."""
     summary = state.summary()
+    summary.update(facts or {})
     summary["state"] = str(state_name)
     summary["message"] = message
     slim = {k: v for k, v in summary.items() if k != "posterior"}

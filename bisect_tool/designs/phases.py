@@ -3,7 +3,7 @@
 The tiered search's phases (``bisect_tool.tiers.Phase``): while the fast probe narrows, its next
 runs or the hand-over (``_narrow_step``); while lifetimes confirm its flip, their next ones on
 the two sides or the fall-back (``_confirm_step``); otherwise the plain search's next lifetimes.
-``stop_reason`` is the one set of rules that ends a search: an end that contradicts its role,
+``stop`` is the one set of rules that ends a search: an end that contradicts its role,
 an untestable end, the flip holding the asked confidence, a spent budget. ``BisectDesign``
 (``bisect_tool.designs.bisect``) turns these decisions into steps for the engine; manual mode
 (``bisect_tool.designs.manual``) asks the same rules.
@@ -54,8 +54,8 @@ def decide(state: State) -> Decision:
         return _narrow_step(state)
     if state.phase is Phase.CONFIRM:
         return _confirm_step(state)
-    reason = stop_reason(state)
-    return Lifetimes(Tier.FAITHFUL) if reason is None else Finish(*reason)
+    finish = stop(state)
+    return Lifetimes(Tier.FAITHFUL) if finish is None else finish
 
 
 def _narrow_step(state: State) -> Decision:
@@ -89,16 +89,16 @@ def _narrow_step(state: State) -> Decision:
         return Lifetimes(Tier.NARROW, at=good_end, why=(
             "the bad end did not show the bug: check the good end (are the ends the wrong way "
             "round?)"))
-    reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe", False)
+    reason = _stop(state, narrow, settings, runs, "runs of the fast probe", False)
     if reason is None and not narrow.total.any() and len(narrow.untestable) >= 2:
         # Two candidates in a row the fast probe could not run, and none it could: it cannot
         # run here (no PyTorch for the op check, say), not a property of those candidates.
-        reason = (EndState.NO_CANDIDATE,
-                  f"it ran on none of {len(narrow.untestable)} candidates; `bisect log` "
-                  "has its messages")
+        reason = Finish(EndState.NO_CANDIDATE,
+                        f"it ran on none of {len(narrow.untestable)} candidates; `bisect log` "
+                        "has its messages")
     if reason is None:
         return Lifetimes(Tier.NARROW)
-    end, message = reason
+    end, message = reason.state, reason.message
     if end is EndState.DONE:
         sides = confirm_sides(narrow, state.strategy.summary())
         mass = narrow.confidence
@@ -135,15 +135,15 @@ def _fast_probe_good_end(state: State, narrow: Summary, kind: str) -> Finish | N
             return Finish(EndState.ENDS_CONTRADICT, (
                 f"{said} and at the bad end {b.label} ({d[bad]} of {t[bad]}): it does not tell "
                 "the ends apart; give another --good, or search with lifetimes alone "
-                "(--no-narrow)"))
+                "(--no-narrow)"), {"contradicted": "good"})
         return Finish(EndState.ENDS_CONTRADICT, (
             f"{said}, not at the bad end {b.label} (0 of {t[bad]}): the ends look the wrong "
             f"way round; try --good {b.tags[0] if b.tags else b.sha} "
             f"--bad {g.tags[0] if g.tags else g.sha}, or search with lifetimes alone "
-            "(--no-narrow)"))
+            "(--no-narrow)"), {"contradicted": "good"})
     return Finish(EndState.ENDS_CONTRADICT, (
         f"{said}: it cannot be the good end; give another --good, or search with lifetimes "
-        "alone (--no-narrow)"))
+        "alone (--no-narrow)"), {"contradicted": "good"})
 
 
 def _confirm_step(state: State) -> Decision:
@@ -187,32 +187,39 @@ def _confirm_step(state: State) -> Decision:
     return Lifetimes(Tier.FAITHFUL, sides.as_tuple())
 
 
-def stop_reason(state: State) -> tuple[EndState, str] | None:
-    """Why the (faithful) search should stop now, if it should."""
-    return _stop_reason(
+def stop(state: State) -> Finish | None:
+    """Why the (faithful) search should stop now, if it should: the end state, its message,
+    and what the rule saw (``Finish.extra``, kept in the journal's end entry)."""
+    return _stop(
         state, state.strategy.summary(), state.settings, state.runs[Tier.FAITHFUL], "lifetimes",
         True,
     )
 
 
-def _stop_reason(
+def stop_reason(state: State) -> tuple[EndState, str] | None:
+    """``stop`` as (end state, message), for manual mode's callers."""
+    finish = stop(state)
+    return None if finish is None else (finish.state, finish.message)
+
+
+def _stop(
     state: State,
     s: Summary,
     settings: SearchSettings,
     spent: int,
     unit: str,
     faithful: bool,
-) -> tuple[EndState, str] | None:
+) -> Finish | None:
     bad, good = s.ends
     for end, name in ((bad, "bad"), (good, "good")):
         if end is None:
             nominal = s.bad_end if name == "bad" else s.good_end
             why = state.untestable_why.get(nominal, "")
-            return EndState.END_UNTESTABLE, (
+            return Finish(EndState.END_UNTESTABLE, (
                 f"the {name} end {state.candidates[nominal].label} is untestable"
                 + (f" ({why})" if why else "")
                 + f" and so is every candidate next to it; pick another --{name}"
-            )
+            ))
     assert bad is not None and good is not None
     if faithful and s.deterministic:
         return _deterministic_stop(state, s)
@@ -220,25 +227,26 @@ def _stop_reason(
         f" (standing in for the untestable bad end {state.candidates[s.bad_end].label})")
     if (s.divergent[bad] == 0 and s.total[bad] >= settings.max_end_lifetimes
             and not s.divergent.any()):
-        return EndState.BAD_END_NEVER, (
+        return Finish(EndState.BAD_END_NEVER, (
             f"the bad end {state.candidates[bad].label}{stand_in} never showed the bug in "
             f"{s.total[bad]} {unit}: nothing to bisect (check the recipe, or raise "
             "max_end_lifetimes)"
-        )
+        ))
     contradicted = s.contradicted_end if s.total[bad] and s.total[good] else None
     if contradicted is not None:
-        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
+        return ends_contradict(state, contradicted, s)
     not_good = good_end_not_good(s) if faithful else 0.0
     tested = s.total[good] >= suspect_lifetimes(settings)
     if not_good >= s.threshold or (tested and not_good > 1 - s.threshold):
         # it is not a good end, or after all the lifetimes it gets it cannot be told from one
         # at the asked confidence: either way no flip can be named
-        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, "good", s, not_good)
+        return ends_contradict(state, "good", s, not_good)
     done = s.done and s.confidence * (1 - not_good) >= s.threshold
     if s.total[bad] and s.total[good] and done and s.bug_shown:
-        return EndState.DONE, "the flip holds the asked confidence" + _would_have_saved(s)
+        return Finish(EndState.DONE,
+                      "the flip holds the asked confidence" + _would_have_saved(s))
     if spent >= settings.max_evaluations:
-        return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"
+        return Finish(EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted")
     return None
 
 
@@ -258,7 +266,7 @@ DROP_DETERMINISTIC = ("; if the probe shows the bug only in some runs, drop --de
                       "holds its confidence")
 
 
-def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None:
+def _deterministic_stop(state: State, s: Summary) -> Finish | None:
     """git bisect's contract (``--deterministic``): a candidate's one run is its answer. The
     run stops at once when the runs contradict themselves (an end that answers as the other
     one, a candidate both ways, a clean run nearer the bad end than a divergent one), and with
@@ -268,14 +276,15 @@ def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None
     assert bad is not None and good is not None
     label = state.candidates
     if s.total[bad] and not s.divergent[bad]:
-        return EndState.BAD_END_NEVER, (
+        return Finish(EndState.BAD_END_NEVER, (
             f"the bad end {label[bad].label} did not show the bug in its run "
-            f"(--deterministic): check the probe reproduces it there" + DROP_DETERMINISTIC)
+            f"(--deterministic): check the probe reproduces it there" + DROP_DETERMINISTIC))
     if s.total[good] and s.divergent[good]:
         older = "older" if state.direction is Direction.REGRESSION else "newer"
-        return EndState.ENDS_CONTRADICT, (
+        return Finish(EndState.ENDS_CONTRADICT, (
             f"the good end {label[good].label} shows the bug (--deterministic): give an "
-            f"{older} --good, or check the probe can pass at all" + DROP_DETERMINISTIC)
+            f"{older} --good, or check the probe can pass at all" + DROP_DETERMINISTIC),
+            {"contradicted": "good"})
     if s.contradiction is not None:
         clean, divergent = s.contradiction
         if clean == divergent:
@@ -284,20 +293,29 @@ def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None
         else:
             seen = (f"the probe showed the bug at {label[divergent].label} but not at "
                     f"{label[clean].label}, nearer the bad end: no single flip explains both")
-        return EndState.PROBE_CONTRADICTED, seen + DROP_DETERMINISTIC
+        return Finish(EndState.PROBE_CONTRADICTED, seen + DROP_DETERMINISTIC)
     block = s.block
     bracketed = s.total[block[0] - 1] and s.total[block[-1]]
     if s.total[bad] and s.total[good] and bracketed and s.bug_shown:
-        return EndState.DONE, "the candidates on both sides of the flip ran (--deterministic)"
+        return Finish(EndState.DONE,
+                      "the candidates on both sides of the flip ran (--deterministic)")
     spent, budget = s.evaluations, state.settings.max_evaluations
     if spent >= budget:
-        return EndState.BUDGET, f"budget of {budget} runs exhausted"
+        return Finish(EndState.BUDGET, f"budget of {budget} runs exhausted")
     return None
 
 
 def suspect_lifetimes(settings: SearchSettings) -> int:
     """How many lifetimes a good end that showed the bug gets before its doubt stands."""
     return SUSPECT_LIFETIMES_FACTOR * settings.max_end_lifetimes
+
+
+def ends_contradict(
+    state: State, end: str, summary: Summary | None = None, not_good: float = 0.0
+) -> Finish:
+    """The stop that says ``end`` ("good" or "bad") is not what it was said to be."""
+    return Finish(EndState.ENDS_CONTRADICT,
+                  ends_contradict_message(state, end, summary, not_good), {"contradicted": end})
 
 
 def ends_contradict_message(
