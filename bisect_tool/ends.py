@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import math
 
-from bisect_tool.strategy import Summary
+from bisect_tool.strategy import Summary, log_sequence
 from bisect_tool.values import Direction
-
-
-def _log_beta(a: float, b: float) -> float:
-    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
 
 
 def _log_sequence(d: int, t: int, a: float, b: float, seen_d: int, seen_t: int) -> float:
     """log P(one given sequence of ``d`` divergences in ``t`` lifetimes), the rate ~ Beta(a, b)
     updated with ``seen_d`` of ``seen_t`` seen elsewhere."""
-    a2, b2 = a + seen_d, b + seen_t - seen_d
-    return _log_beta(a2 + d, b2 + t - d) - _log_beta(a2, b2)
+    return log_sequence(d, t, a + seen_d, b + seen_t - seen_d)
 
 
 #: a good end that showed the bug is tested up to this many times ``max_end_lifetimes``: one

@@ -265,3 +265,38 @@ def test_a_likely_bad_candidate_is_expected_to_cost_fewer_lifetimes_than_planned
     # stopping early gives up little information: one divergence already says "bad side"
     assert gains[0][0] == pytest.approx(gains[0][1], rel=0.35)
     assert expected_information(post, likely_bad, 8) == pytest.approx(float(gains[0][1]))
+
+
+def test_one_log_beta_helper_serves_the_search_the_ends_the_matrix_and_the_report() -> None:
+    """Issue 41: log B(a, b) was written out four times (ends, matrix, report, posterior)."""
+    import ast
+    from pathlib import Path
+
+    from bisect_tool.strategy import log_beta, log_sequence
+
+    assert log_beta(1.0, 1.0) == 0.0
+    assert log_beta(2.0, 1.0) == pytest.approx(math.log(0.5))
+    # k clean lifetimes under a uniform rate: 1 / (k + 1); under Beta(2, 1): 2 / ((k+1)(k+2))
+    assert math.exp(log_sequence(0, 4, 1.0, 1.0)) == pytest.approx(1 / 5)
+    assert math.exp(log_sequence(0, 4, 2.0, 1.0)) == pytest.approx(2 / 30)
+    assert math.exp(log_sequence(3, 3, 2.0, 1.0)) == pytest.approx(2 / 5)
+
+    def is_log_beta(node: ast.AST) -> bool:
+        """lgamma(a) + lgamma(b) - lgamma(a + b), however a and b are spelled."""
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub)
+                and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Add)):
+            return False
+        parts = (node.left.left, node.left.right, node.right)
+        if not all(isinstance(x, ast.Call) and ast.unparse(x.func).endswith("lgamma")
+                   and len(x.args) == 1 for x in parts):
+            return False
+        a, b, ab = (ast.unparse(x.args[0]) for x in parts)  # type: ignore[attr-defined]
+        return ab == f"{a} + {b}"
+
+    root = Path(__file__).resolve().parents[1]
+    written_out = [
+        f"{path.relative_to(root)}:{node.lineno}"
+        for path in [*(root / "bisect_tool").rglob("*.py"), *(root / "bench").rglob("*.py")]
+        for node in ast.walk(ast.parse(path.read_text())) if is_log_beta(node)
+    ]
+    assert written_out == ["bisect_tool/strategy/beta.py:11"]
