@@ -70,6 +70,20 @@ GRID_N = (64, 512, 4096)
 #: cells where the given good end is in fact bad (the flip lies beyond it): the search must say
 #: so, not name a commit (N, p, q)
 GRID_GOOD_END_BAD = ((64, 0.3, 0.01), (64, 0.5, 0.01), (64, 1.0, 0.0), (512, 0.5, 0.01))
+#: a bug that a later commit makes worse (issue 38): (N, a, p1, b, p, q), the bug at p1 from
+#: position a and at p from b (a regression; positions from the good end; a = 0: the good end
+#: itself shows it). Naming b, or anything but a, is wrong; stopping without an answer is not
+#: The first three hold the search to <= 1 % wrong (a lower rate of one half or more: the good
+#: end and the commit next to the flip run clean 7 times, bisect_tool.ends); the last two show
+#: what it cannot hold cheaply, rates of 0.3 and 0.15, caught only where they show.
+GRID_RATE_STEP = ((30, 17, 0.5, 26, 1.0, 0.0), (64, 30, 0.5, 34, 0.8, 0.01),
+                  (64, 0, 0.5, 32, 1.0, 0.0), (64, 20, 0.3, 40, 1.0, 0.01),
+                  (30, 17, 0.15, 26, 1.0, 0.0))
+#: a good end that shows the bug in a share of its lifetimes, a real flip inside the range
+#: (issue 38: half its lifetimes, accepted after one clean one): (N, p, q, the good end's rate);
+#: each held to <= 1 % wrong
+GRID_FLAKY_GOOD_END = ((30, 1.0, 0.0, 0.5), (64, 0.8, 0.01, 0.5), (512, 0.5, 0.01, 0.5),
+                       (64, 1.0, 0.0, 0.8))
 
 
 # -- histories ----------------------------------------------------------------------------------
@@ -490,17 +504,17 @@ def simulate(
     priors: Priors | None = None,
     processes: int | None = None,
     good_end_bad: bool = False,
-    rate_step_at: tuple[tuple[int, float], tuple[int, float]] | None = None,
+    rate_step_at: tuple[int, float, int] | None = None,
     flaky_good_end_rate: float | None = None,
     tiered: bool = False,
     narrow_cost: float = 0.1,
     stand_in_wrong: bool = False,
 ) -> SimulationResult:
     """``trials`` random histories searched by every strategy: one flip uniform in 1..N at p
-    and q, or the shape asked (``good_end_bad``; ``rate_step_at`` = ((a, p1), (b, p2)): p1 from
-    position a, p2 from b, positions counted from the good end; ``flaky_good_end_rate``: the
-    good end at that rate, a flip uniform in 1..N at p). ``budget``: the search's lifetimes
-    (the product's ``max_evaluations`` unless given).
+    and q, or the shape asked (``good_end_bad``; ``rate_step_at`` = (a, p1, b): a regression
+    whose bug shows at p1 from position a and at p from b, positions counted from the good end;
+    ``flaky_good_end_rate``: the good end at that rate, a flip uniform in 1..N at p).
+    ``budget``: the search's lifetimes (the product's ``max_evaluations`` unless given).
 
     Trials run in ``processes`` worker processes (default: one per CPU); each trial's seed comes
     from ``seed`` alone, so the result does not depend on how many processes ran it.
@@ -517,8 +531,9 @@ def simulate(
     if good_end_bad:
         shape = ("good end bad", ())
     elif rate_step_at is not None:
-        rate_step(n, *rate_step_at, q)  # checks the positions
-        shape = ("rate step", rate_step_at)
+        a, p1, b = rate_step_at
+        rate_step(n, (a, p1), (b, p), q)  # checks the positions
+        shape = ("rate step", ((a, p1), (b, p)))
     elif flaky_good_end_rate is not None:
         shape = ("flaky good end", (flaky_good_end_rate,))
     settings = _Settings(n, p, q, costs, confidence, repeats, budget, priors, shape, tiered,

@@ -18,7 +18,14 @@ from typing import Any
 
 from bisect_tool import entries
 from bisect_tool.designs import Finish, Record
-from bisect_tool.ends import SUSPECT_LIFETIMES_FACTOR, good_end_not_good
+from bisect_tool.ends import (
+    SUSPECT_LIFETIMES_FACTOR,
+    GoodSideCheck,
+    clean_lifetimes_needed,
+    clean_not_earned,
+    good_end_not_good,
+    good_side_check,
+)
 from bisect_tool.recipe import SearchSettings
 from bisect_tool.session import State, narrow_kind
 from bisect_tool.strategy import Summary
@@ -235,13 +242,35 @@ def _stop(
     contradicted = s.contradicted_end if s.total[bad] and s.total[good] else None
     if contradicted is not None:
         return ends_contradict(state, contradicted, s)
-    not_good = good_end_not_good(s) if faithful else 0.0
-    tested = s.total[good] >= suspect_lifetimes(settings)
-    if not_good >= s.threshold or (tested and not_good > 1 - s.threshold):
+    if not faithful:
+        return _answer_or_budget(s, 0.0, settings, spent, unit)
+    not_good = good_end_not_good(s)
+    limit = suspect_lifetimes(settings)
+    if not_good >= s.threshold or (s.total[good] >= limit and not_good > 1 - s.threshold):
         # it is not a good end, or after all the lifetimes it gets it cannot be told from one
         # at the asked confidence: either way no flip can be named
         return ends_contradict(state, "good", s, not_good)
-    done = s.done and s.confidence * (1 - not_good) >= s.threshold
+    check = good_side_check(s)
+    told = s.total[check.nearest] >= limit
+    if s.done and (check.doubt >= s.threshold or (told and check.doubt > 1 - s.threshold)):
+        # the flip holds under the model, but the commits before it show the bug more than
+        # false alarms explain, or after all the lifetimes they get cannot be told from ones
+        # that do: the bug may start earlier, at a lower rate (issue 38)
+        return good_side_shows_bug(state, s, check)
+    doubt = 1 - (1 - not_good) * (1 - check.doubt)
+    earned = not clean_not_earned(s, settings.confidence)
+    return _answer_or_budget(s, doubt, settings, spent, unit, earned)
+
+
+def _answer_or_budget(
+    s: Summary, doubt: float, settings: SearchSettings, spent: int, unit: str,
+    earned: bool = True,
+) -> Finish | None:
+    """The answer, once the flip holds the asked confidence with ``doubt`` (what the ends'
+    and the good side's checks leave open) taken off; or the budget's end."""
+    bad, good = s.ends
+    assert bad is not None and good is not None
+    done = s.done and s.confidence * (1 - doubt) >= s.threshold and earned
     if s.total[bad] and s.total[good] and done and s.bug_shown:
         return Finish(EndState.DONE,
                       "the flip holds the asked confidence" + _would_have_saved(s))
@@ -305,9 +334,80 @@ def _deterministic_stop(state: State, s: Summary) -> Finish | None:
     return None
 
 
+def suspect(state: State) -> tuple[int, str] | None:
+    """The candidate whose own lifetimes must clear what the model does not weigh
+    (``bisect_tool.ends``), and why, for the plain search and manual mode alike: the good end
+    once it showed the bug (a false alarm, or not a good end?), at once; once the flip holds
+    under the model, the good end and the good-side candidate next to the flip until each ran
+    clean often enough to rule out a bug at half the lifetimes or more; then whichever check
+    still keeps the answer below the asked confidence. Each gets at most
+    ``suspect_lifetimes``; the stop rules say the rest. None: the search's own choice."""
+    s = state.strategy.summary()
+    _, good = s.ends
+    if good is None or s.deterministic:
+        return None
+    limit = suspect_lifetimes(state.settings)
+    not_good = good_end_not_good(s)
+    if s.divergent[good] and s.total[good] < limit and not_good > 1 - s.threshold:
+        return good, "the good end showed the bug: a false alarm, or not a good end?"
+    if not s.done:
+        return None
+    needed = clean_lifetimes_needed(state.settings.confidence)
+    for position in clean_not_earned(s, state.settings.confidence):
+        which = "the good end" if position == good else "the commit next to the flip"
+        return position, (f"{which} must run clean {needed} times: a bug there at half the "
+                          "lifetimes would have shown")
+    check = good_side_check(s)
+    if s.confidence * (1 - not_good) * (1 - check.doubt) >= s.threshold:
+        return None
+    if not_good >= check.doubt and s.total[good] < limit:
+        return good, f"P = {not_good:.4f} that the good end shows the bug: more of its lifetimes"
+    if s.total[check.nearest] < limit:
+        return check.nearest, (f"P = {check.doubt:.4f} that the bug shows before the flip too, "
+                               "at a rate of its own: more lifetimes next to it")
+    return None
+
+
 def suspect_lifetimes(settings: SearchSettings) -> int:
     """How many lifetimes a good end that showed the bug gets before its doubt stands."""
     return SUSPECT_LIFETIMES_FACTOR * settings.max_end_lifetimes
+
+
+def good_side_shows_bug(state: State, s: Summary, check: GoodSideCheck) -> Finish:
+    """The stop that says the bug shows before the named flip too (issue 38: 15 % of lifetimes
+    from c17, every one from c26, and c26 named at 99.5 %): which commits showed it, and the
+    next command, a bisect of the older part. Where the stretch reaches the good end, it is
+    the good end that is not good."""
+    if check.through_good_end >= 0.5:
+        return ends_contradict(state, "good", s, check.doubt)
+    label = state.candidates
+    flip = label[s.block[0]].label
+    seen = ", ".join(f"{label[i].label} in {d} of {t}" for i, d, t in check.diverged[:5])
+    more = f" and {len(check.diverged) - 5} more" if len(check.diverged) > 5 else ""
+    good = s.ends[1]
+    assert good is not None
+    older = label[check.diverged[-1][0]] if check.diverged else label[check.nearest]
+    ref = older.tags[0] if older.tags else older.label
+    good_ref = label[good].tags[0] if label[good].tags else label[good].label
+    if state.direction is Direction.REGRESSION:
+        story = (f"the bug may start earlier, at a lower rate, and {flip} make it worse; bisect "
+                 f"the older part: --good {good_ref} --bad {ref}")
+    else:
+        story = (f"{flip} may fix it only in part, the bug still showing after it at a lower "
+                 f"rate; bisect the newer part: --bad {ref} --good {good_ref}")
+    weight = ("more than false alarms explain" if check.doubt >= s.threshold else
+              f"and {s.total[check.nearest]} lifetimes next to the flip cannot tell it from false "
+              "alarms")
+    message = (
+        f"the good side of {flip} shows the bug too ({seen or 'no divergence yet'}{more}; P = "
+        f"{check.doubt:.3f} that it shows there at a rate of its own, {weight}): {story}, with "
+        "the same recipe")
+    return Finish(EndState.GOOD_SIDE_SHOWS_BUG, message, {
+        "good_side": {"doubt": check.doubt, "through_good_end": check.through_good_end,
+                      "nearest": label[check.nearest].sha,
+                      "diverged": [[label[i].sha, d, t] for i, d, t in check.diverged]},
+        "next_range": {"good": label[good].sha, "bad": older.sha},
+    })
 
 
 def ends_contradict(
