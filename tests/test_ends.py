@@ -323,3 +323,43 @@ def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -
     md = render_markdown(build_report(contents, session.replay(contents).search_state()))
     assert "**The bug shows on the good side of the flip too**" in md
     assert f"{shas[25][:12]} in " in md
+
+
+def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
+    """Option (c) of issue 38, stated: "were it buggy at rate r, n clean lifetimes would happen
+    x % of the time", for the good end and for the commit next to the flip."""
+    from bisect_tool import session
+    from bisect_tool.designs import Item, drive
+    from bisect_tool.designs.bisect import BisectDesign
+    from bisect_tool.journal import JournalContents
+    from bisect_tool.report import build_report, render_markdown
+    from bisect_tool.simulate import Lifetimes, search_header, step
+    from bisect_tool.values import Direction, Observation, Verdict
+
+    history = step(30, 12, 1.0, 0.0, Direction.REGRESSION)
+    header = search_header(history)
+    shas = [f"{i:02x}" * 20 for i in range(31)]
+    header["candidates"] = [{"sha": sha, "subject": f"c{i}"} for i, sha in enumerate(shas)]
+    kept: list[dict[str, object]] = []
+
+    class Kept(BisectDesign):
+        def apply(self, entry: object) -> None:
+            kept.append(dict(entry))  # type: ignore[call-overload]
+            super().apply(entry)  # type: ignore[arg-type]
+
+    lifetimes = Lifetimes(history, np.random.default_rng(0))
+
+    def evaluate(item: Item) -> Observation:
+        bug = lifetimes.run(item.key[0])
+        return Observation(item.commit, Verdict.DIVERGENT if bug else Verdict.CLEAN,
+                           item.lifetime_id)
+
+    finish = drive(Kept(session.replay(JournalContents(header, ()))), evaluate)
+    assert str(finish.state) == "done"
+    checks = kept[-1]["summary"]["checks"]  # type: ignore[index]
+    assert checks["clean"] == [[shas[0], 7], [shas[11], 7]]
+    contents = JournalContents(header, tuple(kept))
+    md = render_markdown(build_report(contents, session.replay(contents).search_state()))
+    for position in (0, 11):  # the good end, the commit next to the flip (c11; c12 is named)
+        row = f"| Were {shas[position][:7]} buggy at rate 50.0%: 7 clean lifetimes |"
+        assert f"{row} 0.8% of the time |" in md
