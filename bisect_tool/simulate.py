@@ -74,7 +74,7 @@ GRID_GOOD_END_BAD = ((64, 0.3, 0.01), (64, 0.5, 0.01), (64, 1.0, 0.0), (512, 0.5
 #: position a and at p from b (a regression; positions from the good end; a = 0: the good end
 #: itself shows it). Naming b, or anything but a, is wrong; stopping without an answer is not
 #: The first three hold the search to <= 1 % wrong (a lower rate of one half or more: the good
-#: end and the commit next to the flip run clean 7 times, bisect_tool.ends); the last two show
+#: end and the commit next to the flip run clean 8 and 9 times, bisect_tool.ends); the last two show
 #: what it cannot hold cheaply, rates of 0.3 and 0.15, caught only where they show.
 GRID_RATE_STEP = ((30, 17, 0.5, 26, 1.0, 0.0), (64, 30, 0.5, 34, 0.8, 0.01),
                   (64, 0, 0.5, 32, 1.0, 0.0), (64, 20, 0.3, 40, 1.0, 0.01),

@@ -198,7 +198,7 @@ def test_the_new_shapes_from_the_command_line() -> None:
 
 def test_a_good_end_that_fails_half_its_lifetimes_is_said_so_in_simulation() -> None:
     """Issue 38: accepted after one clean lifetime in 4 of 14 runs; named a commit in 24 of 40
-    simulated runs before the good end had to run clean 7 times."""
+    simulated runs before the good end had to run clean 8 times."""
     r = simulate(30, 1.0, 0.0, 30, seed=3, processes=1, flaky_good_end_rate=0.5)
     assert r.strategies["bayes"].errors == 0
     assert r.strategies["bayes"].accuracy == 1.0

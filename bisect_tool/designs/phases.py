@@ -21,7 +21,6 @@ from bisect_tool.designs import Finish, Record
 from bisect_tool.ends import (
     SUSPECT_LIFETIMES_FACTOR,
     GoodSideCheck,
-    clean_lifetimes_needed,
     clean_not_earned,
     good_end_not_good,
     good_side_check,
@@ -258,7 +257,7 @@ def _stop(
         # that do: the bug may start earlier, at a lower rate (issue 38)
         return good_side_shows_bug(state, s, check)
     doubt = 1 - (1 - not_good) * (1 - check.doubt)
-    earned = not clean_not_earned(s, settings.confidence)
+    earned = not clean_not_earned(s)
     return _answer_or_budget(s, doubt, settings, spent, unit, earned)
 
 
@@ -352,11 +351,10 @@ def suspect(state: State) -> tuple[int, str] | None:
         return good, "the good end showed the bug: a false alarm, or not a good end?"
     if not s.done:
         return None
-    needed = clean_lifetimes_needed(state.settings.confidence)
-    for position in clean_not_earned(s, state.settings.confidence):
+    for position in clean_not_earned(s):
         which = "the good end" if position == good else "the commit next to the flip"
-        return position, (f"{which} must run clean {needed} times: a bug there at half the "
-                          "lifetimes would have shown")
+        return position, (f"{which} must keep running clean: a bug there at half the lifetimes "
+                          "would have shown")
     check = good_side_check(s)
     if s.confidence * (1 - not_good) * (1 - check.doubt) >= s.threshold:
         return None
