@@ -160,7 +160,9 @@ def test_bad_end_that_never_diverges_keeps_the_search_at_the_bad_end() -> None:
 
 def test_deterministic_bug_costs_about_what_classic_bisection_costs() -> None:
     """p = 1, q = 0: the right flip, at no more than 1.2x the cost of git bisect run (which
-    also checks each end once): cost = 10 per new candidate + 1 per lifetime."""
+    also checks each end once: cost = 10 per new candidate + 1 per lifetime), plus the clean
+    lifetimes the good end and the commit next to the flip must show before an answer (8 and 9,
+    issue 38: a good end that fails in half its lifetimes is not accepted after one)."""
     n = 256
     classic = (2 + math.ceil(math.log2(n))) * 11
     costs = []
@@ -170,7 +172,7 @@ def test_deterministic_bug_costs_about_what_classic_bisection_costs() -> None:
         assert run.outcome is Outcome.RIGHT and run.block == (flip,)
         assert run.confidence >= 0.99
         costs.append(h.cost(Costs()))
-    assert np.mean(costs) <= 1.2 * classic, costs
+    assert np.mean(costs) <= 1.2 * classic + 8 + 9, costs
 
 
 @pytest.mark.slow
