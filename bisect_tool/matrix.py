@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bisect_tool.strategy import Priors
+from bisect_tool.strategy import Priors, log_sequence
 
 
 class Side(enum.StrEnum):
@@ -104,16 +104,10 @@ class CellCounts:
     untestable: str = ""  # why the cell cannot run at all ("" = it can)
 
 
-def _log_beta(a: float, b: float) -> float:
-    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
-
-
 def _log_p_side(d: int, t: int, priors: Priors) -> float:
     """log P(a given sequence with d divergent of t | the cells show the bug), p integrated."""
     w = priors.p_point_mass
-    beta = _log_beta(priors.p_alpha + d, priors.p_beta + t - d) - _log_beta(
-        priors.p_alpha, priors.p_beta
-    )
+    beta = log_sequence(d, t, priors.p_alpha, priors.p_beta)
     terms = [math.log1p(-w) + beta] if w < 1 else []
     if w > 0 and d == t:
         terms.append(math.log(w))
@@ -122,9 +116,7 @@ def _log_p_side(d: int, t: int, priors: Priors) -> float:
 
 
 def _log_q_side(d: int, t: int, priors: Priors) -> float:
-    return _log_beta(priors.q_alpha + d, priors.q_beta + t - d) - _log_beta(
-        priors.q_alpha, priors.q_beta
-    )
+    return log_sequence(d, t, priors.q_alpha, priors.q_beta)
 
 
 def log_likelihood(

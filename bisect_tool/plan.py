@@ -10,7 +10,8 @@ it spends a build or a GPU minute, and whether this machine can run it at all.
   the wheel-index candidates will move (the swap-set members and the central directory, read
   from one wheel's central directory: an estimate for the others).
 - **What it would cost**: the real search (``designs.bisect``, the run's own decision code,
-  as ``bisect_tool.simulate`` drives it) on simulated histories at an assumed p (the prior's
+  through ``bisect_tool.simulate.run_design``, the harness ``bisect simulate`` uses) on
+  simulated histories at an assumed p (the prior's
   mean unless ``--p``) and q, with the flip anywhere: the op runs, lifetimes, candidates, builds
   and wall time at the recipe's costs.
 - **The environment** (``bisect_tool.preflight``): the pinned interpreter, torch, the pinned
@@ -23,7 +24,6 @@ It writes nothing: no journal, no state dir, no cache entry (the cache is only l
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -36,9 +36,10 @@ import numpy as np
 from bisect_tool.errors import BisectError
 from bisect_tool.preflight import Check, environment
 from bisect_tool.recipe import Recipe
+from bisect_tool.simulate import Lifetimes, Outcome, run_design, step
 from bisect_tool.strategy import Costs, Priors
 from bisect_tool.tiers import Tier
-from bisect_tool.values import ProbeKind
+from bisect_tool.values import Direction, ProbeKind
 
 if TYPE_CHECKING:
     from bisect_tool.artifacts.origins import FetchEstimate, Origin
@@ -157,50 +158,19 @@ def _one_run(
     slots: int,
 ) -> tuple[int, int, frozenset[int], bool]:
     """(op runs, lifetimes, positions run, named the flip) of one simulated run: the bisect
-    design a real run carries out (``designs.bisect``), driven by ``designs.drive``."""
-    from bisect_tool import session
-    from bisect_tool.designs import Item, drive
-    from bisect_tool.designs.bisect import BisectDesign
-    from bisect_tool.journal import JournalContents
-    from bisect_tool.values import Direction, Observation, Verdict
-
-    state = session.replay(JournalContents(dict(header), ()))
-    n = len(state.candidates) - 1
+    design a real run carries out, through ``bisect_tool.simulate.run_design`` (the harness
+    ``bisect simulate`` uses), the flip drawn anywhere in the range."""
+    candidates = header["candidates"]
+    n = len(candidates) - 1
     flip = int(rng.integers(1, n + 1))  # the hypotheses f = 1..n (bisect_tool.strategy)
-    regression = state.direction is Direction.REGRESSION
-
-    def bad(position: int) -> bool:
-        return position >= flip if regression else position < flip
-
-    ran: set[int] = set()
-    counts = {Tier.NARROW: 0, Tier.FAITHFUL: 0}
-
-    def evaluate(item: Item) -> Observation:
-        position, tier = item.key
-        if sum(counts.values()) >= SIM_CAP:
-            raise _Capped
-        detail: dict[str, Any] = {}
-        if tier is Tier.NARROW:
-            verdict = Verdict.DIVERGENT if bad(position) else Verdict.CLEAN
-            if position in rejected:
-                detail["gate"] = "rejected"
-        elif position in rejected:
-            verdict, detail = Verdict.UNTESTABLE, {"stage": "gate"}
-        else:
-            rate = p if bad(position) else q
-            verdict = Verdict.DIVERGENT if rng.random() < rate else Verdict.CLEAN
-        counts[tier] += 1
-        ran.add(position)
-        return Observation(item.commit, verdict, item.lifetime_id, detail)
-
-    with contextlib.suppress(_Capped):
-        drive(BisectDesign(state, slots=slots), evaluate)
-    block = state.strategy.summary().block
-    return counts[Tier.NARROW], counts[Tier.FAITHFUL], frozenset(ran), flip in block
-
-
-class _Capped(Exception):
-    """A simulated run that went past ``SIM_CAP`` runs (stopped there, counted as it stands)."""
+    direction = Direction(header["direction"])
+    lifetimes = Lifetimes(step(n, flip, p, q, direction), rng)
+    # the fast probe is deterministic: it flips where the bug does, every run the same (its
+    # own stream, so the lifetimes draw as they would without it)
+    fast = Lifetimes(step(n, flip, 1.0, 0.0, direction), np.random.default_rng(flip))
+    run = run_design(header, lifetimes, fast=fast, rejected=rejected, slots=slots, cap=SIM_CAP)
+    ran = frozenset(lifetimes.candidates)
+    return run.fast_runs, run.lifetimes, ran, run.outcome is Outcome.RIGHT
 
 
 # -- the plan ----------------------------------------------------------------------------------

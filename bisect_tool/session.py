@@ -16,7 +16,7 @@ from typing import Any
 
 from bisect_tool import __version__, entries
 from bisect_tool.cause import one_line
-from bisect_tool.ends import good_end_not_good
+from bisect_tool.ends import answer_doubt, good_end_not_good
 from bisect_tool.errors import StateError
 from bisect_tool.journal import JournalContents
 from bisect_tool.range import Candidate, CommitRange
@@ -347,14 +347,16 @@ class State:
         """Where the search stands, with SHAs instead of positions (what the report renders)."""
         s = self.strategy.summary()
         rates = self.strategy.rates()
-        # a good end that showed the bug may not be a good end at all (bisect_tool.ends): the
-        # answer's confidence is P(the flip AND both ends as given), so it takes that doubt too
+        # a good end that showed the bug may not be a good end at all, and the commits before
+        # the flip may show it at a lower rate (bisect_tool.ends): the answer's confidence is
+        # P(the flip AND both ends as given), so it takes those doubts too
         not_good = good_end_not_good(s)
         return SearchState(
             state=self.end["state"] if self.end else str(EndState.RUNNING),
             direction=str(self.direction),
             flip_block=tuple(self.candidates[f].sha for f in s.block),
-            confidence=s.confidence * (1 - not_good),
+            # the good side's check only where the stop rules apply it: the plain search
+            confidence=s.confidence * (1 - answer_doubt(s, self.phase is Phase.FAITHFUL)),
             credible_set=tuple(self.candidates[f].sha for f in s.credible_set),
             p_median=rates.p_median,
             p_interval=rates.p_interval,

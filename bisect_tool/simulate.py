@@ -1,22 +1,34 @@
-"""`bisect simulate`: the real strategy against simulated intermittent histories.
+"""`bisect simulate`: the product's own search against simulated intermittent histories.
 
-A benchmark, not a test: users plan a budget with it, and we hold the strategy to its targets.
+A benchmark, not a test: users plan a budget with it, and we hold the search to its targets.
+One harness, ``run_design``, drives the bisect design a real run carries out
+(``designs.bisect.BisectDesign``: every stop rule, the good end's, the bad end's, the budget)
+through ``designs.drive`` against simulated lifetimes; ``bisect simulate``, ``bisect plan``'s
+estimates (``bisect_tool.plan``) and the accuracy tests all go through it.
+
+A *history* (``History``) says how often a lifetime shows the bug at each candidate, and what
+the right answer is: one flip (``step``: the bad side at p, the good side at q), a given good
+end that is in fact bad (``beyond_good_end``), a bug that a later commit makes worse
+(``rate_step``: issue 38), or a good end that shows the bug now and then while a real flip lies
+inside the range (``flaky_good_end``). Every run ends one of three ways: right, wrong (a named
+commit that is not the answer, or a commit named where the good end is bad), or no answer (the
+search stopped saying what it saw: not wrong, but its lifetimes are counted).
+
 Costs: a new candidate costs ``cost_new``, each lifetime ``cost_lifetime`` (10 and 1 by default).
 A candidate is paid for once (its artifacts stay cached), so going back to one costs only its
 lifetimes. Every strategy pays the same price for the same work, and all run on the same
 histories (the same flip and the same random stream per trial).
 
-- *bayes*: :class:`~bisect_tool.strategy.BayesianStrategy`, one lifetime at a time, stopped at
-  the asked confidence (or the lifetime budget).
+- *bayes*: the bisect design as ``bisect start`` runs it with lifetimes alone, stopped by its own
+  rules (the asked confidence, an end that is not what it was said to be, the budget).
 - *classic*: ``git bisect run`` on one lifetime per candidate: bad if that lifetime diverges.
   Before bisecting it runs one lifetime at each end to confirm the labels, as the Bayesian
   search also does, so its cost is ``2 * (cost_new + cost_lifetime)`` plus
   ``ceil(log2 N) * (cost_new + cost_lifetime)``. This is the baseline for p = 1.
 - *fixed_repeats*: ``k`` lifetimes per candidate, bad if any diverges (syzkaller's and Chromium's
   "--times N" rule), after the same end checks.
-- *tiered* (``--tiered``): the tiered search of ``bisect_tool.tiers`` driven by the run's own
-  decision code (the bisect design, ``designs.bisect``): a deterministic fast probe (p = 1,
-  q = 0) whose runs cost ``narrow_cost`` lifetimes each narrows, faithful lifetimes confirm. With
+- *tiered* (``--tiered``): the same design with a deterministic fast probe (p = 1, q = 0) whose
+  runs cost ``narrow_cost`` lifetimes each narrowing, faithful lifetimes confirming. With
   ``stand_in_wrong`` the fast probe flips at another position than the bug (it is no stand-in):
   right then still means the faithful flip.
 
@@ -27,31 +39,266 @@ the flip, so at least that many bits' worth of new candidates are paid for too.
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import math
 import multiprocessing
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
+from bisect_tool import session
+from bisect_tool.designs import Item, drive
+from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.errors import UsageError
-from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, Priors
-from bisect_tool.values import Direction
+from bisect_tool.journal import JournalContents
+from bisect_tool.strategy import BayesianStrategy, Costs, Priors
+from bisect_tool.tiers import Tier
+from bisect_tool.values import Direction, Observation, Verdict
 from bisect_tool.verdict import EndState
 
 STRATEGIES = ("bayes", "classic", "fixed_repeats")
 TIERED = "tiered"
 
-#: the cells the strategy is held to (accuracy >= 0.99 in each); see ``--grid``
+#: the cells the search is held to (accuracy >= 0.99 in each); see ``--grid``
 GRID_P = (0.3, 0.5, 0.8, 1.0)
 GRID_Q = (0.0, 0.01)
 GRID_N = (64, 512, 4096)
 #: cells where the given good end is in fact bad (the flip lies beyond it): the search must say
 #: so, not name a commit (N, p, q)
 GRID_GOOD_END_BAD = ((64, 0.3, 0.01), (64, 0.5, 0.01), (64, 1.0, 0.0), (512, 0.5, 0.01))
-#: what ``_run_bayes`` reports instead of a position when the search says an end contradicts
-GOOD_END_CONTRADICTED = -1
-BAD_END_CONTRADICTED = -2
+#: a bug that a later commit makes worse (issue 38): (N, a, p1, b, p, q), the bug at p1 from
+#: position a and at p from b (a regression; positions from the good end; a = 0: the good end
+#: itself shows it). Naming b, or anything but a, is wrong; stopping without an answer is not
+#: The first three hold the search to <= 1 % wrong (a lower rate of one half or more: the good
+#: end and the commit next to the flip run clean 8 and 9 times, bisect_tool.ends); the last two show
+#: what it cannot hold cheaply, rates of 0.3 and 0.15, caught only where they show.
+GRID_RATE_STEP = ((30, 17, 0.5, 26, 1.0, 0.0), (64, 30, 0.5, 34, 0.8, 0.01),
+                  (64, 0, 0.5, 32, 1.0, 0.0), (64, 20, 0.3, 40, 1.0, 0.01),
+                  (30, 17, 0.15, 26, 1.0, 0.0))
+#: a good end that shows the bug in a share of its lifetimes, a real flip inside the range
+#: (issue 38: half its lifetimes, accepted after one clean one): (N, p, q, the good end's rate);
+#: each held to <= 1 % wrong
+GRID_FLAKY_GOOD_END = ((30, 1.0, 0.0, 0.5), (64, 0.8, 0.01, 0.5), (512, 0.5, 0.01, 0.5),
+                       (64, 1.0, 0.0, 0.8))
+
+
+# -- histories ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class History:
+    """A simulated range: positions ``0 .. n`` in history order (0 the old end); a lifetime at
+    position ``i`` shows the bug with probability ``rates[i]``. ``flip``: the right answer (the
+    first candidate with the new behaviour), or None where the given good end is itself bad
+    (the right answer is then to say so). ``shape``: the history in a few words."""
+
+    rates: tuple[float, ...]
+    direction: Direction
+    flip: int | None
+    shape: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.rates) - 1
+
+
+def step(n: int, flip: int, p: float, q: float, direction: Direction = Direction.FIX) -> History:
+    """One flip at ``flip`` (1..n): the bad side at ``p``, the good side at ``q``. The grid
+    searches for a fix, as in the seed: the old side (positions < flip) is bad."""
+    old_bad = direction is Direction.FIX
+    rates = tuple(p if (i < flip) == old_bad else q for i in range(n + 1))
+    return History(rates, direction, flip)
+
+
+def beyond_good_end(n: int, p: float) -> History:
+    """A fix whose given good end is bad too: every position at ``p`` (the flip lies beyond
+    the good end)."""
+    return History((p,) * (n + 1), Direction.FIX, None, "good end bad")
+
+
+def rate_step(n: int, low: tuple[int, float], high: tuple[int, float], q: float) -> History:
+    """A regression whose bug shows at rate ``low[1]`` from position ``low[0]`` and at
+    ``high[1]`` from ``high[0]`` on (a later commit makes it worse; issue 38: 15 % from c17,
+    every lifetime from c26). The first bad commit is ``low[0]``; at 0 the given good end itself
+    is bad."""
+    (a, p1), (b, p2) = low, high
+    if not 0 <= a < b <= n:
+        raise UsageError(f"a rate step needs 0 <= {a} < {b} <= {n}")
+    rates = tuple(q if i < a else p1 if i < b else p2 for i in range(n + 1))
+    return History(rates, Direction.REGRESSION, a or None, f"step {p1:g}@{a} {p2:g}@{b}")
+
+
+def flaky_good_end(n: int, rate: float, flip: int, p: float, q: float) -> History:
+    """A regression with a flip at ``flip`` whose given good end shows the bug in a share
+    ``rate`` of its lifetimes, the commits between clean (issue 30's history, issue 38's rate):
+    the good end is not a good end, and naming the flip would say it is."""
+    rates = (rate, *(q if i < flip else p for i in range(1, n + 1)))
+    return History(rates, Direction.REGRESSION, None, f"good end at {rate:g}")
+
+
+class Lifetimes:
+    """A history's lifetimes, drawn on demand from one random stream, and what they cost."""
+
+    def __init__(self, history: History, rng: np.random.Generator) -> None:
+        self.history, self.rng = history, rng
+        self.count = 0
+        self.candidates: set[int] = set()
+
+    def run(self, position: int) -> bool:
+        self.count += 1
+        self.candidates.add(position)
+        return bool(self.rng.random() < self.history.rates[position])
+
+    def cost(self, costs: Costs) -> float:
+        return self.count * costs.lifetime + len(self.candidates) * costs.new_candidate
+
+
+# -- the product's search on a history -------------------------------------------------------
+
+
+class Outcome(enum.StrEnum):
+    RIGHT = "right"
+    WRONG = "wrong"  # a commit named that is not the answer (or named where the good end is bad)
+    NO_ANSWER = "no answer"  # the search stopped without naming a commit: not wrong
+
+
+@dataclass(frozen=True)
+class DesignRun:
+    """How one simulated run of the bisect design ended."""
+
+    end: EndState
+    message: str
+    block: tuple[int, ...]  # the named commits (the best guess, where none was named)
+    confidence: float  # as the answer states it: P(the flip there AND both ends as given)
+    contradicted: str  # the end an ENDS_CONTRADICT stop named ("good"/"bad"), else ""
+    outcome: Outcome
+    fast_runs: int  # runs of the fast probe (a tiered header)
+    lifetimes: int  # runs of the faithful probe, those the gate refused included
+
+
+def search_header(
+    history: History,
+    *,
+    confidence: float = 0.99,
+    costs: Costs | None = None,
+    budget: int | None = None,
+    narrow: bool = False,
+) -> dict[str, Any]:
+    """The journal header a run over ``history``'s candidates starts from: a recipe run with
+    the product's search settings but those given (``narrow``: an op check narrows first)."""
+    costs = costs or Costs()
+    search: dict[str, Any] = {"confidence": confidence, "cost_new_candidate": costs.new_candidate,
+                              "cost_lifetime": costs.lifetime}
+    if budget is not None:
+        search["max_evaluations"] = budget
+    recipe: dict[str, Any] = {"search": search}
+    if narrow:
+        recipe["probe"] = {"narrow": "op"}
+    return {
+        "direction": str(history.direction),
+        "mode": "recipe",
+        "candidates": [{"sha": f"{i:040x}", "subject": ""} for i in range(history.n + 1)],
+        "recipe": recipe,
+    }
+
+
+class _Capped(Exception):
+    """A run that went past its cap of runs (stopped there, counted as it stands)."""
+
+
+def run_design(
+    header: Mapping[str, Any],
+    lifetimes: Lifetimes,
+    *,
+    fast: Lifetimes | None = None,
+    rejected: frozenset[int] = frozenset(),
+    slots: int = 1,
+    cap: int | None = None,
+    priors: Priors | None = None,
+) -> DesignRun:
+    """The bisect design a real run carries out (``designs.bisect``), from ``header``, driven by
+    ``designs.drive`` against simulated lifetimes: the faithful probe's from ``lifetimes``, the
+    fast probe's (a header that narrows) from ``fast``; ``rejected`` positions the compatibility
+    gate refuses (the fast probe runs there, the faithful one cannot). ``cap``: stop after this
+    many runs of either probe (a budget stop). ``priors``: a bench's what-if only (the search
+    told p and q, bench/cost_bounds.py); a run always starts from the recipe's."""
+    state = session.replay(JournalContents(dict(header), ()))
+    if priors is not None:
+        settings = state.settings
+        state.strategy = BayesianStrategy(
+            len(state.candidates), state.direction, priors=priors, confidence=settings.confidence,
+            costs=Costs(settings.cost_new_candidate, settings.cost_lifetime))
+    history = lifetimes.history
+    runs = {Tier.NARROW: 0, Tier.FAITHFUL: 0}
+
+    def evaluate(item: Item) -> Observation:
+        position, tier = item.key
+        if cap is not None and sum(runs.values()) >= cap:
+            raise _Capped
+        runs[tier] += 1
+        detail: dict[str, Any] = {}
+        if tier is Tier.NARROW:
+            if fast is None:
+                raise ValueError("the header narrows, but no fast probe was given")
+            bug = fast.run(position)
+            lifetimes.candidates.add(position)  # its artifact is paid for once, for both tiers
+            if position in rejected:
+                detail["gate"] = "rejected"
+            verdict = Verdict.DIVERGENT if bug else Verdict.CLEAN
+        elif position in rejected:
+            lifetimes.candidates.add(position)
+            verdict, detail = Verdict.UNTESTABLE, {"stage": "gate"}
+        else:
+            verdict = Verdict.DIVERGENT if lifetimes.run(position) else Verdict.CLEAN
+        return Observation(item.commit, verdict, item.lifetime_id, detail)
+
+    end, message, contradicted = EndState.BUDGET, f"stopped after {cap} runs", ""
+    with contextlib.suppress(_Capped):
+        finish = drive(BisectDesign(state, slots=slots), evaluate)
+        end, message = finish.state, finish.message
+        contradicted = str(finish.extra.get("contradicted", ""))
+    block = state.strategy.summary().block
+    answer = state.search_state()
+    if end is EndState.DONE:
+        right = history.flip is not None and history.flip in block
+        outcome = Outcome.RIGHT if right else Outcome.WRONG
+    elif history.flip is None and end is EndState.ENDS_CONTRADICT and contradicted == "good":
+        outcome = Outcome.RIGHT
+    else:
+        outcome = Outcome.NO_ANSWER
+    return DesignRun(end, message, block, answer.confidence, contradicted, outcome,
+                     runs[Tier.NARROW], runs[Tier.FAITHFUL])
+
+
+# -- the baselines ----------------------------------------------------------------------------
+
+
+def _run_fixed(h: Lifetimes, repeats: int) -> Outcome:
+    """Bisection with ``repeats`` lifetimes per candidate, bad if any diverges. It always names
+    a commit: where the good end is bad, that is wrong."""
+
+    def is_bad(position: int) -> bool:
+        return any([h.run(position) for _ in range(repeats)])
+
+    n = h.history.n
+    is_bad(0)  # confirm the labels once each, as the Bayesian search does
+    is_bad(n)
+    old_bad = h.history.direction is Direction.FIX
+    lo, hi = 0, n  # lo: on the old end's side, hi: on the new end's side
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if is_bad(mid) == old_bad:
+            lo = mid
+        else:
+            hi = mid
+    return Outcome.RIGHT if hi == h.history.flip else Outcome.WRONG
+
+
+# -- the benchmark ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -66,6 +313,11 @@ class StrategyStats:
     #: against a true 0.995 (the interval says so)
     errors: int = 0
     accuracy_interval: tuple[float, float] = (0.0, 1.0)
+    #: runs that stopped without naming a commit (not wrong), and their mean lifetimes
+    no_answer: int = 0
+    no_answer_evaluations: float = 0.0
+    #: the upper end of the 95% Wilson interval of the wrong answers' share
+    wrong_high: float = 0.0
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
@@ -94,10 +346,12 @@ class SimulationResult:
     confidence: float
     lower_bound: LowerBound
     strategies: dict[str, StrategyStats]
-    #: mean confidence the Bayesian search reported when it stopped (compare with its accuracy)
+    #: mean confidence the search stated where it named a commit (compare with its accuracy)
     bayes_reported_confidence: float = 0.0
     #: the given good end is in fact bad: right means saying so, not naming a commit
     good_end_bad: bool = False
+    #: the history's shape in a few words ("" for one flip at p; see ``History.shape``)
+    shape: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -108,6 +362,7 @@ class SimulationResult:
             "confidence": self.confidence,
             "bayes_reported_confidence": self.bayes_reported_confidence,
             "good_end_bad": self.good_end_bad,
+            "shape": self.shape,
             "lower_bound": asdict(self.lower_bound),
             "strategies": {k: asdict(v) for k, v in self.strategies.items()},
         }
@@ -123,23 +378,8 @@ class SimulationResult:
         return out
 
 
-class _History:
-    """A simulated range: positions 0..n, the flip at ``flip``; lifetimes drawn on demand."""
-
-    def __init__(self, n: int, flip: int, p: float, q: float, rng: np.random.Generator) -> None:
-        self.n, self.flip, self.p, self.q, self.rng = n, flip, p, q, rng
-        self.lifetimes = 0
-        self.candidates: set[int] = set()
-
-    def run(self, position: int) -> bool:
-        self.lifetimes += 1
-        self.candidates.add(position)
-        # fix-finding direction, as in the seed: the old side (position < flip) is bad
-        rate = self.p if position < self.flip else self.q
-        return bool(self.rng.random() < rate)
-
-    def cost(self, costs: Costs) -> float:
-        return self.lifetimes * costs.lifetime + len(self.candidates) * costs.new_candidate
+#: what a trial builds its history from: (n, its random stream) -> the history
+Shape = tuple[str, tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
@@ -150,136 +390,63 @@ class _Settings:
     costs: Costs
     confidence: float
     repeats: int
-    budget: int
-    priors: Priors | None
-    good_end_bad: bool = False
+    budget: int | None
+    priors: Priors | None = None
+    shape: Shape = ("step", ())
     tiered: bool = False
     narrow_cost: float = 0.1
     stand_in_wrong: bool = False
 
 
-def _run_bayes(
-    h: _History, costs: Costs, confidence: float, budget: int, priors: Priors | None = None
-) -> tuple[int, float]:
-    """The search as the session loop drives it (``session.stop_reason``'s order); returns
-    (reported flip, reported confidence), the flip ``GOOD_END_CONTRADICTED`` or
-    ``BAD_END_CONTRADICTED`` when it stopped saying an end is not what it was said to be."""
-    strategy = BayesianStrategy(
-        h.n + 1, Direction.FIX, costs=costs, confidence=confidence, priors=priors
-    )
-    while h.lifetimes < budget:
-        s = strategy.summary()
-        if s.total[s.bad_end] and s.total[s.good_end]:
-            if s.contradicted_end == "good":
-                return GOOD_END_CONTRADICTED, s.good_end_doubt
-            if s.contradicted_end == "bad":
-                return BAD_END_CONTRADICTED, s.bad_end_doubt
-            if s.done and s.bug_shown:
-                break
-        try:
-            choice = strategy.select()
-        except NoCandidateLeft:
-            break
-        strategy.record(choice.position, h.run(choice.position))
-    s = strategy.summary()
-    return s.block[0], s.confidence
+def _history(s: _Settings, rng: np.random.Generator) -> History:
+    kind, args = s.shape
+    flip = int(rng.integers(1, s.n + 1))
+    if kind == "good end bad":
+        return beyond_good_end(s.n, s.p)
+    if kind == "rate step":
+        low, high = args
+        return rate_step(s.n, low, high, s.q)
+    if kind == "flaky good end":
+        (rate,) = args
+        return flaky_good_end(s.n, rate, flip, s.p, s.q)
+    return step(s.n, flip, s.p, s.q)
 
 
-def _run_tiered(
-    h: _History, fast: _History, s: _Settings
-) -> tuple[int, float, int]:
-    """The tiered search as a run does it: the bisect design (``designs.bisect``), driven by
-    ``designs.drive`` instead of the engine; returns (reported flip, reported confidence, fast
-    probe runs)."""
-    from bisect_tool import session
-    from bisect_tool.designs import Item, drive
-    from bisect_tool.designs.bisect import BisectDesign
-    from bisect_tool.journal import JournalContents
-    from bisect_tool.tiers import Tier
-    from bisect_tool.values import Observation, Verdict
-
-    shas = [f"{i:040x}" for i in range(h.n + 1)]
-    header: dict[str, object] = {
-        "direction": "fix",
-        "mode": "recipe",
-        "candidates": [{"sha": sha, "subject": ""} for sha in shas],
-        "recipe": {"probe": {"narrow": "op"},
-                   "search": {"confidence": s.confidence, "max_evaluations": s.budget,
-                              "cost_new_candidate": s.costs.new_candidate,
-                              "cost_lifetime": s.costs.lifetime}},
-    }
-    state = session.replay(JournalContents(header, ()))
-    runs = 0
-
-    def evaluate(item: Item) -> Observation:
-        nonlocal runs
-        position, tier = item.key
-        narrow = tier is Tier.NARROW
-        bug = (fast if narrow else h).run(position)
-        runs += narrow
-        if narrow:
-            h.candidates.add(position)  # its artifact is paid for once, for both tiers
-        return Observation(item.commit, Verdict.DIVERGENT if bug else Verdict.CLEAN,
-                           item.lifetime_id)
-
-    finish = drive(BisectDesign(state), evaluate)
-    summary = state.strategy.summary()
-    if finish.state is EndState.ENDS_CONTRADICT:
-        contradicted = summary.contradicted_end
-        found = GOOD_END_CONTRADICTED if contradicted == "good" else BAD_END_CONTRADICTED
-        return found, 0.0, runs
-    return summary.block[0], summary.confidence, runs
+# one trial: per strategy (outcome, lifetimes, cost, candidates), and the stated confidence
+_Row = tuple[Outcome, int, float, int]
 
 
-def _run_fixed(h: _History, repeats: int) -> int:
-    """Bisection with ``repeats`` lifetimes per candidate, bad if any diverges."""
-
-    def is_bad(position: int) -> bool:
-        return any([h.run(position) for _ in range(repeats)])
-
-    is_bad(0)  # confirm the labels once each, as the Bayesian search does
-    is_bad(h.n)
-    lo, hi = 0, h.n  # lo: known bad (old side), hi: known good (new side)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if is_bad(mid):
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-# one trial: per strategy (right?, lifetimes, cost, candidates), and bayes' reported confidence
-_Row = tuple[bool, int, float, int]
-
-
-def _trial(args: tuple[_Settings, int]) -> tuple[dict[str, _Row], float]:
+def _trial(args: tuple[_Settings, int]) -> tuple[dict[str, _Row], float | None]:
     s, seed = args
     rng = np.random.default_rng(seed)
-    flip = int(rng.integers(1, s.n + 1))
-    if s.good_end_bad:
-        flip = s.n + 1  # every position is on the bad (old) side, the given good end included
+    history = _history(s, rng)
     stream = int(rng.integers(2**63))
     out: dict[str, _Row] = {}
-    reported = 0.0
+    stated: float | None = None
     for name in STRATEGIES + ((TIERED,) if s.tiered else ()):
-        h = _History(s.n, flip, s.p, s.q, np.random.default_rng(stream))
+        h = Lifetimes(history, np.random.default_rng(stream))
         extra = 0.0
-        if name == "bayes":
-            found, reported = _run_bayes(h, s.costs, s.confidence, s.budget, s.priors)
-        elif name == TIERED:
-            fast_flip = flip
-            if s.stand_in_wrong:  # anywhere but the bug's own flip
-                fast_flip = int(rng.integers(1, s.n))
-                fast_flip += fast_flip >= flip
-            fast = _History(s.n, fast_flip, 1.0, 0.0, np.random.default_rng(stream + 1))
-            found, _, runs = _run_tiered(h, fast, s)
-            extra = runs * s.narrow_cost * s.costs.lifetime
+        if name in ("bayes", TIERED):
+            fast = None
+            if name == TIERED:
+                fast_flip = history.flip or 1
+                if s.stand_in_wrong:  # anywhere but the bug's own flip
+                    fast_flip = int(rng.integers(1, s.n))
+                    fast_flip += fast_flip >= (history.flip or 1)
+                fast = Lifetimes(step(s.n, fast_flip, 1.0, 0.0, history.direction),
+                                 np.random.default_rng(stream + 1))
+            header = search_header(history, confidence=s.confidence, costs=s.costs,
+                                   budget=s.budget, narrow=fast is not None)
+            run = run_design(header, h, fast=fast, priors=s.priors)
+            outcome = run.outcome
+            if name == "bayes" and run.end is EndState.DONE:
+                stated = run.confidence
+            if fast is not None:
+                extra = run.fast_runs * s.narrow_cost * s.costs.lifetime
         else:
-            found = _run_fixed(h, 1 if name == "classic" else s.repeats)
-        right = found == GOOD_END_CONTRADICTED if s.good_end_bad else found == flip
-        out[name] = (right, h.lifetimes, h.cost(s.costs) + extra, len(h.candidates))
-    return out, reported
+            outcome = _run_fixed(h, 1 if name == "classic" else s.repeats)
+        out[name] = (outcome, h.count, h.cost(s.costs) + extra, len(h.candidates))
+    return out, stated
 
 
 def channel_capacity(p: float, q: float) -> float:
@@ -304,6 +471,25 @@ def lower_bound(n: int, p: float, q: float, costs: Costs, error: float = 0.01) -
     return LowerBound(float(lifetimes), float(cost))
 
 
+def _stats(rows: list[_Row]) -> StrategyStats:
+    evaluations = np.array([r[1] for r in rows])
+    right = sum(1 for r in rows if r[0] is Outcome.RIGHT)
+    wrong = sum(1 for r in rows if r[0] is Outcome.WRONG)
+    silent = [r[1] for r in rows if r[0] is Outcome.NO_ANSWER]
+    return StrategyStats(
+        accuracy=right / len(rows),
+        mean_evaluations=float(evaluations.mean()),
+        p95_evaluations=float(np.percentile(evaluations, 95)),
+        mean_cost=float(np.mean([r[2] for r in rows])),
+        mean_candidates=float(np.mean([r[3] for r in rows])),
+        errors=wrong,
+        accuracy_interval=wilson_interval(right, len(rows)),
+        no_answer=len(silent),
+        no_answer_evaluations=float(np.mean(silent)) if silent else 0.0,
+        wrong_high=wilson_interval(wrong, len(rows))[1],
+    )
+
+
 def simulate(
     candidates: int,
     p: float,
@@ -314,15 +500,21 @@ def simulate(
     costs: Costs | None = None,
     repeats: int = 7,
     seed: int = 0,
-    budget: int = 5000,
+    budget: int | None = None,
     priors: Priors | None = None,
     processes: int | None = None,
     good_end_bad: bool = False,
+    rate_step_at: tuple[int, float, int] | None = None,
+    flaky_good_end_rate: float | None = None,
     tiered: bool = False,
     narrow_cost: float = 0.1,
     stand_in_wrong: bool = False,
 ) -> SimulationResult:
-    """``trials`` random histories (flip uniform in 1..N) searched by every strategy.
+    """``trials`` random histories searched by every strategy: one flip uniform in 1..N at p
+    and q, or the shape asked (``good_end_bad``; ``rate_step_at`` = (a, p1, b): a regression
+    whose bug shows at p1 from position a and at p from b, positions counted from the good end;
+    ``flaky_good_end_rate``: the good end at that rate, a flip uniform in 1..N at p).
+    ``budget``: the search's lifetimes (the product's ``max_evaluations`` unless given).
 
     Trials run in ``processes`` worker processes (default: one per CPU); each trial's seed comes
     from ``seed`` alone, so the result does not depend on how many processes ran it.
@@ -334,10 +526,18 @@ def simulate(
     if trials < 1:
         raise UsageError("--trials must be at least 1")
     costs = costs or Costs()
-    settings = _Settings(
-        candidates, p, q, costs, confidence, repeats, budget, priors, good_end_bad, tiered,
-        narrow_cost, stand_in_wrong,
-    )
+    n = candidates  # the hypotheses f = 1..N: positions 0..N
+    shape: Shape = ("step", ())
+    if good_end_bad:
+        shape = ("good end bad", ())
+    elif rate_step_at is not None:
+        a, p1, b = rate_step_at
+        rate_step(n, (a, p1), (b, p), q)  # checks the positions
+        shape = ("rate step", ((a, p1), (b, p)))
+    elif flaky_good_end_rate is not None:
+        shape = ("flaky good end", (flaky_good_end_rate,))
+    settings = _Settings(n, p, q, costs, confidence, repeats, budget, priors, shape, tiered,
+                         narrow_cost, stand_in_wrong)
     seeds = [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(trials)]
     work = [(settings, s) for s in seeds]
     processes = processes or os.cpu_count() or 1
@@ -348,20 +548,10 @@ def simulate(
             rows = pool.map(_trial, work, chunksize=max(1, trials // (4 * processes)))
     else:
         rows = [_trial(w) for w in work]
-    stats = {}
-    for name in STRATEGIES + ((TIERED,) if tiered else ()):
-        mine = [r[0][name] for r in rows]
-        evaluations = np.array([r[1] for r in mine])
-        right = sum(1 for r in mine if r[0])
-        stats[name] = StrategyStats(
-            accuracy=right / len(mine),
-            mean_evaluations=float(evaluations.mean()),
-            p95_evaluations=float(np.percentile(evaluations, 95)),
-            mean_cost=float(np.mean([r[2] for r in mine])),
-            mean_candidates=float(np.mean([r[3] for r in mine])),
-            errors=len(mine) - right,
-            accuracy_interval=wilson_interval(right, len(mine)),
-        )
+    stats = {name: _stats([r[0][name] for r in rows])
+             for name in STRATEGIES + ((TIERED,) if tiered else ())}
+    stated = [r[1] for r in rows if r[1] is not None]
+    first = _history(settings, np.random.default_rng(0))
     return SimulationResult(
         candidates,
         p,
@@ -370,37 +560,44 @@ def simulate(
         confidence,
         lower_bound(candidates, p, q, costs),
         stats,
-        bayes_reported_confidence=float(np.mean([r[1] for r in rows])),
+        bayes_reported_confidence=float(np.mean(stated)) if stated else 0.0,
         good_end_bad=good_end_bad,
+        shape=first.shape,
     )
 
 
 def format_result(r: SimulationResult) -> str:
     """The side-by-side table a user reads."""
-    cell = " (the given good end is bad: right = saying so)" if r.good_end_bad else ""
+    cell = " (the given good end is bad: right = saying so)" if r.good_end_bad else (
+        f" ({r.shape})" if r.shape else "")
     lines = [
         f"N={r.candidates} p={r.p:g} q={r.q:g} trials={r.trials} confidence={r.confidence:g}"
         + cell,
-        f"{'strategy':<14}{'accuracy':>9}{'95% interval':>15}{'wrong':>7}{'mean evals':>12}"
-        f"{'p95 evals':>11}{'mean cost':>11}",
+        f"{'strategy':<14}{'accuracy':>9}{'95% interval':>15}{'wrong':>7}{'no answer':>10}"
+        f"{'mean evals':>12}{'p95 evals':>11}{'mean cost':>11}",
     ]
     for name, s in r.strategies.items():
         lo, hi = s.accuracy_interval
         lines.append(
             f"{name:<14}{s.accuracy:>9.3f}{f'{lo:.3f}-{hi:.3f}':>15}{s.errors:>7}"
-            f"{s.mean_evaluations:>12.1f}{s.p95_evaluations:>11.0f}{s.mean_cost:>11.1f}"
+            f"{s.no_answer:>10}{s.mean_evaluations:>12.1f}{s.p95_evaluations:>11.0f}"
+            f"{s.mean_cost:>11.1f}"
         )
     lb = r.lower_bound
     lines.append(
-        f"{'lower bound':<14}{'>=0.99':>9}{'':>15}{'':>7}{lb.evaluations:>12.1f}{'':>11}"
+        f"{'lower bound':<14}{'>=0.99':>9}{'':>15}{'':>7}{'':>10}{lb.evaluations:>12.1f}{'':>11}"
         f"{lb.cost:>11.1f}"
     )
     ratios = r.ratios()
+    b = r.strategies["bayes"]
     lines.append(
         f"bayes cost / lower bound = {ratios['bayes_over_lower_bound']:.2f}; "
         f"bayes cost / classic cost = {ratios['bayes_over_classic']:.2f}; "
-        f"bayes mean reported confidence {r.bayes_reported_confidence:.4f}"
+        f"bayes mean stated confidence {r.bayes_reported_confidence:.4f}"
     )
+    if b.no_answer:
+        lines.append(f"bayes stopped without an answer in {b.no_answer} of {r.trials} runs, "
+                     f"after {b.no_answer_evaluations:.1f} lifetimes on average (not wrong)")
     if "bayes_over_tiered" in ratios:
         lines.append(
             f"lifetimes only (bayes) cost / tiered cost = {ratios['bayes_over_tiered']:.2f} "
@@ -415,16 +612,17 @@ def grid_row(r: SimulationResult) -> str:
     ratios = r.ratios()
     return (
         f"{r.candidates:>5} {r.p:>4g} {r.q:>5g} {r.trials:>6} {b.accuracy:>6.3f} "
-        f"{b.errors:>5} {b.accuracy_interval[0]:>6.3f} "
+        f"{b.errors:>5} {b.no_answer:>6} {b.no_answer_evaluations:>6.1f} "
+        f"{b.accuracy_interval[0]:>6.3f} "
         f"{r.bayes_reported_confidence:>7.4f} {b.mean_evaluations:>7.1f} {b.p95_evaluations:>5.0f} "
         f"{b.mean_cost:>7.1f} {r.lower_bound.cost:>6.1f} {ratios['bayes_over_lower_bound']:>6.2f} "
         f"{c.accuracy:>6.3f} {c.mean_cost:>6.1f} {ratios['bayes_over_classic']:>6.2f} "
         f"{r.strategies['fixed_repeats'].accuracy:>6.3f}"
-        + ("  good end bad" if r.good_end_bad else "")
+        + (f"  {r.shape}" if r.shape else "")
     )
 
 
 GRID_HEADER = (
-    "    N    p     q trials  b.acc b.err b.lo95  b.conf  b.eval   p95  b.cost  lower  b/low  "
-    "c.acc c.cost  b/cls  fr.acc"
+    "    N    p     q trials  b.acc b.err b.none n.eval b.lo95  b.conf  b.eval   p95  b.cost  "
+    "lower  b/low  c.acc c.cost  b/cls  fr.acc"
 )

@@ -3,23 +3,45 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import UsageError
 from bisect_tool.simulate import (
+    GRID_FLAKY_GOOD_END,
     GRID_GOOD_END_BAD,
     GRID_HEADER,
     GRID_N,
     GRID_P,
     GRID_Q,
+    GRID_RATE_STEP,
     SimulationResult,
     format_result,
     grid_row,
     simulate,
 )
 from bisect_tool.strategy import Costs
+
+
+class RateStep(click.ParamType):
+    """``A,P1,B``: positions A < B (from the good end), P1 a rate in (0, 1]."""
+
+    name = "A,P1,B"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[int, float, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            a, p1, b = str(value).split(",")
+            step = (int(a), float(p1), int(b))
+        except ValueError:
+            self.fail(f"{value!r} is not A,P1,B (e.g. 17,0.15,26)", param, ctx)
+        if not (0 <= step[0] < step[2] and 0 < step[1] <= 1):
+            self.fail(f"{value!r}: need 0 <= A < B and 0 < P1 <= 1", param, ctx)
+        return step
 
 
 @click.command("simulate")
@@ -41,6 +63,14 @@ from bisect_tool.strategy import Costs
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--good-end-bad", is_flag=True,
               help="Histories whose given good end is in fact bad: the search must say so.")
+@click.option("--rate-step", "rate_step", type=RateStep(), default=None, metavar="A,P1,B",
+              help="A bug that a later commit makes worse: it shows at rate P1 from position A "
+                   "and at --p from B on (counted from the good end; A = 0: the good end "
+                   "too). Right is A; naming B is wrong.")
+@click.option("--flaky-good-end", "flaky_good_end", type=Finite(0, 1, min_open=True),
+              default=None, metavar="RATE",
+              help="The good end shows the bug in this share of its lifetimes, a flip inside "
+                   "the range at --p: the search must say the good end is not good.")
 @click.option("--tiered", is_flag=True,
               help="Also run the tiered search: a deterministic fast probe narrows, lifetimes "
                    "confirm on both sides of its flip.")
@@ -49,8 +79,9 @@ from bisect_tool.strategy import Costs
 @click.option("--stand-in-wrong", is_flag=True,
               help="The fast probe flips elsewhere than the bug (--tiered must still be right).")
 @click.option("--grid", is_flag=True,
-              help="Run the target grid: p in 0.3,0.5,0.8,1 x q in 0,0.01 x N in 64,512,4096 "
-                   "(--trials in every cell).")
+              help="Run the target grid: p in 0.3,0.5,0.8,1 x q in 0,0.01 x N in 64,512,4096, "
+                   "then the good-end-bad, rate-step and flaky-good-end cells (--trials in "
+                   "every cell).")
 def simulate_command(
     candidates: int,
     p: float,
@@ -63,6 +94,8 @@ def simulate_command(
     repeats: int,
     seed: int,
     good_end_bad: bool,
+    rate_step: tuple[int, float, int] | None,
+    flaky_good_end: float | None,
     tiered: bool,
     narrow_cost: float,
     stand_in_wrong: bool,
@@ -73,17 +106,19 @@ def simulate_command(
         raise UsageError(f"--q {q} must be below --p {p} (false alarms rarer than the bug)")
     costs = Costs(cost_new, cost_lifetime)
 
-    def run(
-        n: int, rate_p: float, rate_q: float, count: int, beyond: bool = False
-    ) -> SimulationResult:
+    if sum((good_end_bad, rate_step is not None, flaky_good_end is not None)) > 1:
+        raise UsageError("give one of --good-end-bad, --rate-step, --flaky-good-end")
+
+    def run(n: int, rate_p: float, rate_q: float, count: int, **shape: Any) -> SimulationResult:
         return simulate(
             n, rate_p, rate_q, count, confidence=confidence, costs=costs, repeats=repeats,
-            seed=seed, good_end_bad=beyond, tiered=tiered or stand_in_wrong,
-            narrow_cost=narrow_cost, stand_in_wrong=stand_in_wrong,
+            seed=seed, tiered=tiered or stand_in_wrong, narrow_cost=narrow_cost,
+            stand_in_wrong=stand_in_wrong, **shape,
         )
 
     if not grid:
-        result = run(candidates, p, q, trials, good_end_bad)
+        result = run(candidates, p, q, trials, good_end_bad=good_end_bad,
+                     rate_step_at=rate_step, flaky_good_end_rate=flaky_good_end)
         if as_json:
             click.echo(json.dumps(result.to_dict() | {"ratios": result.ratios()}, indent=2))
         else:
@@ -99,8 +134,13 @@ def simulate_command(
                 results.append(r.to_dict() | {"ratios": r.ratios()})
                 if not as_json:
                     click.echo(grid_row(r))
-    for n, gp, gq in GRID_GOOD_END_BAD:
-        r = run(n, gp, gq, trials, True)
+    shapes: list[tuple[int, float, float, dict[str, Any]]] = [
+        *((n, gp, gq, {"good_end_bad": True}) for n, gp, gq in GRID_GOOD_END_BAD),
+        *((n, gp, gq, {"rate_step_at": (a, p1, b)}) for n, a, p1, b, gp, gq in GRID_RATE_STEP),
+        *((n, gp, gq, {"flaky_good_end_rate": r}) for n, gp, gq, r in GRID_FLAKY_GOOD_END),
+    ]
+    for n, gp, gq, shape in shapes:
+        r = run(n, gp, gq, trials, **shape)
         results.append(r.to_dict() | {"ratios": r.ratios()})
         if not as_json:
             click.echo(grid_row(r))

@@ -23,6 +23,9 @@ class EndState(enum.StrEnum):
     DONE = "done"  # the flip holds the asked confidence
     BAD_END_NEVER = "bad_end_never_reproduced"
     ENDS_CONTRADICT = "ends_contradict"  # an end showed the behaviour of the other side
+    # the commits before the named flip show the bug too, more than false alarms explain: the
+    # bug may start earlier at a lower rate (issue 38); no commit is named
+    GOOD_SIDE_SHOWS_BUG = "good_side_shows_bug"
     # a deterministic probe (--deterministic) gave one candidate both answers, or no single flip
     # explains what it gave
     PROBE_CONTRADICTED = "probe_contradicted"

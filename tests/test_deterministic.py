@@ -21,8 +21,10 @@ from bisect_tool.recipe import from_dict
 from bisect_tool.tiers import Tier
 
 #: without the flag, a never-contradicting probe's runs at N = 252 and 60: the honest search's
-#: worst case over every flip (bench/cost_bounds.py prints it against 2 ceil(log2 N))
-UNFLAGGED_MAX = {252: 20, 60: 17}
+#: worst case over every flip (bench/cost_bounds.py prints it against 2 ceil(log2 N)); 20 and
+#: 17 before the good end and the commit next to the flip had to run clean 8 and 9 times (issue
+#: 38: a good end failing half its lifetimes was accepted after one clean one)
+UNFLAGGED_MAX = {252: 30, 60: 28}
 
 
 @pytest.fixture(scope="module")

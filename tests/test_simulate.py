@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -79,6 +80,11 @@ def test_table_output_names_the_ratios() -> None:
         (["--p", "0.5", "--q", "0.6"], "--q 0.6 must be below --p 0.5"),
         (["--trials", "0"], "'--trials': 0 is not in the range x>=1"),
         (["--confidence", "1"], "'--confidence': 1.0 is not in the range"),
+        (["--rate-step", "17,0.15"], "'--rate-step': '17,0.15' is not A,P1,B (e.g. 17,0.15,26)"),
+        (["--rate-step", "9,0.5,3"], "need 0 <= A < B and 0 < P1 <= 1"),
+        (["--rate-step", "3,0.5,9"], "a rate step needs 0 <= 3 < 9 <= 8"),
+        (["--flaky-good-end", "0"], "'--flaky-good-end': 0.0 is not in the range 0<x<=1"),
+        (["--flaky-good-end", "0.5", "--good-end-bad"], "give one of --good-end-bad,"),
     ],
 )
 def test_bad_input_is_a_one_line_usage_error(args: list[str], message: str) -> None:
@@ -105,11 +111,94 @@ def test_accuracy_comes_with_its_error_count_and_interval() -> None:
 
 @pytest.mark.slow
 def test_grid_runs_every_target_cell_with_the_asked_trials() -> None:
+    from bisect_tool.simulate import GRID_FLAKY_GOOD_END, GRID_GOOD_END_BAD, GRID_RATE_STEP
+
     out = CliRunner().invoke(simulate_command, ["--grid", "--trials", "1", "--json"])
     assert out.exit_code == 0, out.output
     cells = json.loads(out.output)["cells"]
-    assert {(c["candidates"], c["p"], c["q"]) for c in cells} == {
+    plain = [c for c in cells if not c["shape"]]
+    assert {(c["candidates"], c["p"], c["q"]) for c in plain} == {
         (n, p, q) for n in (64, 512, 4096) for p in (0.3, 0.5, 0.8, 1.0) for q in (0.0, 0.01)
     }
+    shapes = [c["shape"] for c in cells if c["shape"]]
+    assert shapes == (["good end bad"] * len(GRID_GOOD_END_BAD)
+                      + [f"step {p1:g}@{a} {p:g}@{b}" for _, a, p1, b, p, _ in GRID_RATE_STEP]
+                      + [f"good end at {r:g}" for *_, r in GRID_FLAKY_GOOD_END])
+    assert "step 0.15@17 1@26" in shapes  # issue 38's own history
     assert all(c["trials"] == 1 for c in cells)
     assert all(set(c["ratios"]) == {"bayes_over_lower_bound", "bayes_over_classic"} for c in cells)
+
+
+# ---- the simulation is the product's own search (issue 42, item 1) ---------------------------
+
+
+def test_a_quiet_bad_end_stops_the_simulated_search_as_it_stops_a_run() -> None:
+    """A bad end that never shows the bug: the run's rule stops after its 12 lifetimes without
+    an answer (the hand copy searched on to its budget), and ``simulate`` counts such runs
+    apart from the wrong answers, with the lifetimes they took."""
+    from bisect_tool.recipe import SearchSettings
+    from bisect_tool.simulate import History, Lifetimes, Outcome, run_design, search_header
+    from bisect_tool.values import Direction
+    from bisect_tool.verdict import EndState
+
+    quiet = History((0.0,) * 33, Direction.FIX, 16)
+    lifetimes = Lifetimes(quiet, np.random.default_rng(0))
+    run = run_design(search_header(quiet), lifetimes)
+    assert (run.end, run.outcome) == (EndState.BAD_END_NEVER, Outcome.NO_ANSWER)
+    assert lifetimes.count == SearchSettings().max_end_lifetimes == 12
+    r = simulate(16, 0.1, 0.0, 20, seed=2, processes=1)
+    bayes = r.strategies["bayes"]
+    assert 0 < bayes.no_answer < 20 and bayes.no_answer_evaluations >= 12
+    assert bayes.errors + bayes.no_answer + round(bayes.accuracy * 20) == 20
+
+
+def test_a_good_end_that_fails_every_lifetime_is_said_so_not_explained_away() -> None:
+    """Issue 30's history (a real flip inside, the given good end failing too): right is the
+    stop that names the good end, never the flip."""
+    r = simulate(40, 1.0, 0.0, 12, seed=0, processes=1, flaky_good_end_rate=1.0)
+    assert r.shape == "good end at 1"
+    assert r.strategies["bayes"].accuracy == 1.0
+    assert r.strategies["bayes"].errors == 0
+
+
+def test_the_harness_names_the_flip_of_a_history_in_either_direction() -> None:
+    from bisect_tool.simulate import Lifetimes, Outcome, run_design, search_header, step
+    from bisect_tool.values import Direction
+
+    for direction in Direction:
+        history = step(40, 13, 1.0, 0.0, direction)
+        lifetimes = Lifetimes(history, np.random.default_rng(0))
+        run = run_design(search_header(history), lifetimes)
+        assert (run.outcome, run.block, str(run.end)) == (Outcome.RIGHT, (13,), "done")
+        assert run.confidence >= 0.99
+        assert run.lifetimes == lifetimes.count
+
+
+def test_the_tiered_search_is_right_with_a_fast_probe_that_flips_elsewhere() -> None:
+    r = simulate(32, 0.8, 0.0, 6, seed=1, processes=1, tiered=True, stand_in_wrong=True)
+    assert r.strategies["tiered"].accuracy == 1.0
+    assert r.strategies["tiered"].mean_cost > 0
+
+
+def test_the_new_shapes_from_the_command_line() -> None:
+    """Issue 38's two histories, as a user runs them: the table names the shape and counts the
+    runs that stopped without an answer apart from the wrong ones."""
+    out = CliRunner().invoke(simulate_command, ["-n", "30", "--rate-step", "17,0.5,26", "--p",
+                                                "1", "--q", "0", "--trials", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["shape"] == "step 0.5@17 1@26"
+    bayes = data["strategies"]["bayes"]
+    assert bayes["errors"] + bayes["no_answer"] + round(bayes["accuracy"] * 4) == 4
+    out = CliRunner().invoke(simulate_command, ["-n", "30", "--flaky-good-end", "0.5", "--p",
+                                                "1", "--q", "0", "--trials", "3"])
+    assert out.exit_code == 0, out.output
+    assert "(good end at 0.5)" in out.output.splitlines()[0]
+
+
+def test_a_good_end_that_fails_half_its_lifetimes_is_said_so_in_simulation() -> None:
+    """Issue 38: accepted after one clean lifetime in 4 of 14 runs; named a commit in 24 of 40
+    simulated runs before the good end had to run clean 8 times."""
+    r = simulate(30, 1.0, 0.0, 30, seed=3, processes=1, flaky_good_end_rate=0.5)
+    assert r.strategies["bayes"].errors == 0
+    assert r.strategies["bayes"].accuracy == 1.0

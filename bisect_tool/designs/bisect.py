@@ -31,11 +31,11 @@ from bisect_tool.designs import (
 from bisect_tool.designs.phases import (
     Lifetimes,
     decide,
-    ends_contradict_message,
-    suspect_lifetimes,
+    ends_contradict,
+    suspect,
     switch,
 )
-from bisect_tool.ends import good_end_not_good
+from bisect_tool.ends import checks_seen, good_end_not_good
 from bisect_tool.events import CandidateChosen, Event, Note, PosteriorMoved
 from bisect_tool.range import Candidate
 from bisect_tool.session import State, observation_entry
@@ -244,7 +244,7 @@ class BisectDesign:
         return observation_entry(obs, position, tier)
 
     def end_entry(self, finish: Finish) -> Mapping[str, Any]:
-        return end_entry(self.state, finish.state, finish.message)
+        return end_entry(self.state, finish.state, finish.message, finish.extra)
 
     def progress(self, item: Item) -> Event | None:
         if item.gate:
@@ -274,13 +274,12 @@ class BisectDesign:
         strategy = state.strategy_for(tier)
         # the run's own costs, as measured so far (the recipe's until then)
         strategy.set_costs(state.measured_costs(tier))
-        suspect = self._suspect_good_end(decision)
+        suspect = self._suspect(decision)
         try:
             if decision.at is not None:
                 batch = [Choice(decision.at, 1, decision.why)]
             elif suspect is not None:
-                batch = [Choice(suspect, slots, "the good end showed the bug: a false alarm, "
-                                "or not a good end?")]
+                batch = [Choice(suspect[0], slots, suspect[1])]
             elif (decision.within is not None and self.slots > 1
                   and not strategy.summary().deterministic):
                 batch = _confirm_batch(strategy, decision.within, running, slots)
@@ -300,8 +299,7 @@ class BisectDesign:
             if good is not None and summary.divergent[good]:
                 # nothing left to run, and the good end showed the bug: that, not an untestable
                 # range, is why no flip holds the confidence
-                return Finish(EndState.ENDS_CONTRADICT, ends_contradict_message(
-                    state, "good", summary, good_end_not_good(summary)))
+                return ends_contradict(state, "good", summary, good_end_not_good(summary))
             return Finish(EndState.NO_CANDIDATE, str(exc))
         items: list[Item] = []
         events: list[Event] = []
@@ -324,18 +322,11 @@ class BisectDesign:
         prepare = tuple(state.candidates[p].sha for p in ahead)
         return Work(tuple(items), prepare, tuple(events))
 
-    def _suspect_good_end(self, decision: Lifetimes) -> int | None:
-        """The good end, while the chance that it is not a good end (it showed the bug) keeps the
-        answer below the asked confidence: more of its own lifetimes tell a false alarm from a
-        good end that is not good; after as many as the bad end gets, the doubt stays shown."""
-        s = self.state.strategy.summary()
-        if decision.tier is not Tier.FAITHFUL or decision.within is not None or s.deterministic:
+    def _suspect(self, decision: Lifetimes) -> tuple[int, str] | None:
+        """The candidate the plain search's checks want run next (``phases.suspect``)."""
+        if decision.tier is not Tier.FAITHFUL or decision.within is not None:
             return None
-        _, good = s.ends
-        if good is None or s.total[good] >= suspect_lifetimes(self.state.settings):
-            return None
-        not_good = good_end_not_good(s)
-        return good if not_good > 1 - s.threshold else None
+        return suspect(self.state)
 
     def _chosen(self, tier: Tier, candidate: Candidate, reason: str, lifetimes: int) -> Event:
         s = self.state.strategy_for(tier).summary()
@@ -410,10 +401,23 @@ def _could_end(strategy: BayesianStrategy, running: Sequence[Item]) -> bool:
     return not fill.plan(strategy, positions, _faithful_stops, most=1)
 
 
-def end_entry(state: State, state_name: EndState, message: str) -> entries.EndEntry:
+def end_entry(
+    state: State, state_name: EndState, message: str, facts: Mapping[str, Any] | None = None
+) -> entries.EndEntry:
     """The ``end`` entry (so `status` reports the outcome and a new `start` is allowed), with
-    the summary at that point."""
+    the summary at that point, what the checks of the model saw (``checks``: the chance that
+    the good end shows the bug after all, and that the good side of the flip shows it at a
+    rate of its own, with the good-side candidates that showed it) and what the stop rule saw
+    (``facts``), as plain values."""
     summary = state.summary()
+    sha = {i: c.sha for i, c in enumerate(state.candidates)}
+    seen = checks_seen(state.strategy.summary())
+    summary["checks"] = {
+        **{k: v for k, v in seen.items() if k not in ("good_side_diverged", "clean")},
+        "good_side_diverged": [[sha[i], d, t] for i, d, t in seen["good_side_diverged"]],
+        "clean": [[sha[i], n] for i, n in seen["clean"]],
+    }
+    summary.update(facts or {})
     summary["state"] = str(state_name)
     summary["message"] = message
     slim = {k: v for k, v in summary.items() if k != "posterior"}

@@ -4,7 +4,7 @@ judge, decided by the same rules as an unattended run (``bisect_tool.designs.pha
 from __future__ import annotations
 
 from bisect_tool import entries
-from bisect_tool.designs.phases import stop_reason
+from bisect_tool.designs.phases import stop_reason, suspect
 from bisect_tool.range import Candidate
 from bisect_tool.session import State, observation_entry
 from bisect_tool.strategy import NoCandidateLeft
@@ -35,6 +35,9 @@ def next_manual_candidate(state: State) -> Candidate | None:
         and not state.strategy.summary().deterministic
     if reason is not None and not again:
         return None
+    wanted = suspect(state)  # the same checks as an unattended run's
+    if wanted is not None:
+        return state.candidates[wanted[0]]
     try:
         return state.candidates[state.strategy.select().position]
     except NoCandidateLeft:

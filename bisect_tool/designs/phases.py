@@ -3,7 +3,7 @@
 The tiered search's phases (``bisect_tool.tiers.Phase``): while the fast probe narrows, its next
 runs or the hand-over (``_narrow_step``); while lifetimes confirm its flip, their next ones on
 the two sides or the fall-back (``_confirm_step``); otherwise the plain search's next lifetimes.
-``stop_reason`` is the one set of rules that ends a search: an end that contradicts its role,
+``stop`` is the one set of rules that ends a search: an end that contradicts its role,
 an untestable end, the flip holding the asked confidence, a spent budget. ``BisectDesign``
 (``bisect_tool.designs.bisect``) turns these decisions into steps for the engine; manual mode
 (``bisect_tool.designs.manual``) asks the same rules.
@@ -19,7 +19,13 @@ from typing import Any
 from bisect_tool import entries
 from bisect_tool.designs import Finish, Record
 from bisect_tool.designs.mergebase import merge_base_message
-from bisect_tool.ends import SUSPECT_LIFETIMES_FACTOR, good_end_not_good
+from bisect_tool.ends import (
+    SUSPECT_LIFETIMES_FACTOR,
+    GoodSideCheck,
+    clean_not_earned,
+    good_end_not_good,
+    good_side_check,
+)
 from bisect_tool.recipe import SearchSettings
 from bisect_tool.session import State, narrow_kind
 from bisect_tool.strategy import Summary
@@ -55,8 +61,8 @@ def decide(state: State) -> Decision:
         return _narrow_step(state)
     if state.phase is Phase.CONFIRM:
         return _confirm_step(state)
-    reason = stop_reason(state)
-    return Lifetimes(Tier.FAITHFUL) if reason is None else Finish(*reason)
+    finish = stop(state)
+    return Lifetimes(Tier.FAITHFUL) if finish is None else finish
 
 
 def _narrow_step(state: State) -> Decision:
@@ -90,16 +96,16 @@ def _narrow_step(state: State) -> Decision:
         return Lifetimes(Tier.NARROW, at=good_end, why=(
             "the bad end did not show the bug: check the good end (are the ends the wrong way "
             "round?)"))
-    reason = _stop_reason(state, narrow, settings, runs, "runs of the fast probe", False)
+    reason = _stop(state, narrow, settings, runs, "runs of the fast probe", False)
     if reason is None and not narrow.total.any() and len(narrow.untestable) >= 2:
         # Two candidates in a row the fast probe could not run, and none it could: it cannot
         # run here (no PyTorch for the op check, say), not a property of those candidates.
-        reason = (EndState.NO_CANDIDATE,
-                  f"it ran on none of {len(narrow.untestable)} candidates; `bisect log` "
-                  "has its messages")
+        reason = Finish(EndState.NO_CANDIDATE,
+                        f"it ran on none of {len(narrow.untestable)} candidates; `bisect log` "
+                        "has its messages")
     if reason is None:
         return Lifetimes(Tier.NARROW)
-    end, message = reason
+    end, message = reason.state, reason.message
     if end is EndState.DONE:
         sides = confirm_sides(narrow, state.strategy.summary())
         mass = narrow.confidence
@@ -139,15 +145,15 @@ def _fast_probe_good_end(state: State, narrow: Summary, kind: str) -> Finish | N
             return Finish(EndState.ENDS_CONTRADICT, (
                 f"{said} and at the bad end {b.label} ({d[bad]} of {t[bad]}): it does not tell "
                 "the ends apart; give another --good, or search with lifetimes alone "
-                "(--no-narrow)"))
+                "(--no-narrow)"), {"contradicted": "good"})
         return Finish(EndState.ENDS_CONTRADICT, (
             f"{said}, not at the bad end {b.label} (0 of {t[bad]}): the ends look the wrong "
             f"way round; try --good {b.tags[0] if b.tags else b.sha} "
             f"--bad {g.tags[0] if g.tags else g.sha}, or search with lifetimes alone "
-            "(--no-narrow)"))
+            "(--no-narrow)"), {"contradicted": "good"})
     return Finish(EndState.ENDS_CONTRADICT, (
         f"{said}: it cannot be the good end; give another --good, or search with lifetimes "
-        "alone (--no-narrow)"))
+        "alone (--no-narrow)"), {"contradicted": "good"})
 
 
 def _confirm_step(state: State) -> Decision:
@@ -191,32 +197,39 @@ def _confirm_step(state: State) -> Decision:
     return Lifetimes(Tier.FAITHFUL, sides.as_tuple())
 
 
-def stop_reason(state: State) -> tuple[EndState, str] | None:
-    """Why the (faithful) search should stop now, if it should."""
-    return _stop_reason(
+def stop(state: State) -> Finish | None:
+    """Why the (faithful) search should stop now, if it should: the end state, its message,
+    and what the rule saw (``Finish.extra``, kept in the journal's end entry)."""
+    return _stop(
         state, state.strategy.summary(), state.settings, state.runs[Tier.FAITHFUL], "lifetimes",
         True,
     )
 
 
-def _stop_reason(
+def stop_reason(state: State) -> tuple[EndState, str] | None:
+    """``stop`` as (end state, message), for manual mode's callers."""
+    finish = stop(state)
+    return None if finish is None else (finish.state, finish.message)
+
+
+def _stop(
     state: State,
     s: Summary,
     settings: SearchSettings,
     spent: int,
     unit: str,
     faithful: bool,
-) -> tuple[EndState, str] | None:
+) -> Finish | None:
     bad, good = s.ends
     for end, name in ((bad, "bad"), (good, "good")):
         if end is None:
             nominal = s.bad_end if name == "bad" else s.good_end
             why = state.untestable_why.get(nominal, "")
-            return EndState.END_UNTESTABLE, (
+            return Finish(EndState.END_UNTESTABLE, (
                 f"the {name} end {state.candidates[nominal].label} is untestable"
                 + (f" ({why})" if why else "")
                 + f" and so is every candidate next to it; pick another --{name}"
-            )
+            ))
     assert bad is not None and good is not None
     if faithful and s.deterministic:
         return _deterministic_stop(state, s)
@@ -225,28 +238,51 @@ def _stop_reason(
     if (s.divergent[bad] == 0 and s.total[bad] >= settings.max_end_lifetimes
             and not s.divergent.any()):
         if state.candidates[bad].stands_for:
-            return EndState.BAD_END_NEVER, merge_base_message(
+            return Finish(EndState.BAD_END_NEVER, merge_base_message(
                 state.header, state.candidates[bad], state.direction,
-                f"0 of {s.total[bad]} {unit} divergent")
-        return EndState.BAD_END_NEVER, (
+                f"0 of {s.total[bad]} {unit} divergent"), {"contradicted": "bad"})
+        return Finish(EndState.BAD_END_NEVER, (
             f"the bad end {state.candidates[bad].label}{stand_in} never showed the bug in "
             f"{s.total[bad]} {unit}: nothing to bisect (check the recipe, or raise "
             "max_end_lifetimes)"
-        )
+        ))
     contradicted = s.contradicted_end if s.total[bad] and s.total[good] else None
     if contradicted is not None:
-        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, contradicted, s)
-    not_good = good_end_not_good(s) if faithful else 0.0
-    tested = s.total[good] >= suspect_lifetimes(settings)
-    if not_good >= s.threshold or (tested and not_good > 1 - s.threshold):
+        return ends_contradict(state, contradicted, s)
+    if not faithful:
+        return _answer_or_budget(s, 0.0, settings, spent, unit)
+    not_good = good_end_not_good(s)
+    limit = suspect_lifetimes(settings)
+    if not_good >= s.threshold or (s.total[good] >= limit and not_good > 1 - s.threshold):
         # it is not a good end, or after all the lifetimes it gets it cannot be told from one
         # at the asked confidence: either way no flip can be named
-        return EndState.ENDS_CONTRADICT, ends_contradict_message(state, "good", s, not_good)
-    done = s.done and s.confidence * (1 - not_good) >= s.threshold
+        return ends_contradict(state, "good", s, not_good)
+    check = good_side_check(s)
+    told = s.total[check.nearest] >= limit
+    if s.done and (check.doubt >= s.threshold or (told and check.doubt > 1 - s.threshold)):
+        # the flip holds under the model, but the commits before it show the bug more than
+        # false alarms explain, or after all the lifetimes they get cannot be told from ones
+        # that do: the bug may start earlier, at a lower rate (issue 38)
+        return good_side_shows_bug(state, s, check)
+    doubt = 1 - (1 - not_good) * (1 - check.doubt)
+    earned = not clean_not_earned(s)
+    return _answer_or_budget(s, doubt, settings, spent, unit, earned)
+
+
+def _answer_or_budget(
+    s: Summary, doubt: float, settings: SearchSettings, spent: int, unit: str,
+    earned: bool = True,
+) -> Finish | None:
+    """The answer, once the flip holds the asked confidence with ``doubt`` (what the ends'
+    and the good side's checks leave open) taken off; or the budget's end."""
+    bad, good = s.ends
+    assert bad is not None and good is not None
+    done = s.done and s.confidence * (1 - doubt) >= s.threshold and earned
     if s.total[bad] and s.total[good] and done and s.bug_shown:
-        return EndState.DONE, "the flip holds the asked confidence" + _would_have_saved(s)
+        return Finish(EndState.DONE,
+                      "the flip holds the asked confidence" + _would_have_saved(s))
     if spent >= settings.max_evaluations:
-        return EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted"
+        return Finish(EndState.BUDGET, f"budget of {settings.max_evaluations} {unit} exhausted")
     return None
 
 
@@ -266,7 +302,7 @@ DROP_DETERMINISTIC = ("; if the probe shows the bug only in some runs, drop --de
                       "holds its confidence")
 
 
-def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None:
+def _deterministic_stop(state: State, s: Summary) -> Finish | None:
     """git bisect's contract (``--deterministic``): a candidate's one run is its answer. The
     run stops at once when the runs contradict themselves (an end that answers as the other
     one, a candidate both ways, a clean run nearer the bad end than a divergent one), and with
@@ -277,20 +313,22 @@ def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None
     label = state.candidates
     if s.total[bad] and not s.divergent[bad]:
         if label[bad].stands_for:
-            return EndState.BAD_END_NEVER, merge_base_message(
-                state.header, label[bad], state.direction, "its one run clean, --deterministic")
-        return EndState.BAD_END_NEVER, (
+            return Finish(EndState.BAD_END_NEVER, merge_base_message(
+                state.header, label[bad], state.direction, "its one run clean, --deterministic"),
+                {"contradicted": "bad"})
+        return Finish(EndState.BAD_END_NEVER, (
             f"the bad end {label[bad].label} did not show the bug in its run "
-            f"(--deterministic): check the probe reproduces it there" + DROP_DETERMINISTIC)
+            f"(--deterministic): check the probe reproduces it there" + DROP_DETERMINISTIC))
     if s.total[good] and s.divergent[good]:
         if label[good].stands_for:
-            return EndState.ENDS_CONTRADICT, merge_base_message(
+            return Finish(EndState.ENDS_CONTRADICT, merge_base_message(
                 state.header, label[good], state.direction,
-                "its one run divergent, --deterministic")
+                "its one run divergent, --deterministic"), {"contradicted": "good"})
         older = "older" if state.direction is Direction.REGRESSION else "newer"
-        return EndState.ENDS_CONTRADICT, (
+        return Finish(EndState.ENDS_CONTRADICT, (
             f"the good end {label[good].label} shows the bug (--deterministic): give an "
-            f"{older} --good, or check the probe can pass at all" + DROP_DETERMINISTIC)
+            f"{older} --good, or check the probe can pass at all" + DROP_DETERMINISTIC),
+            {"contradicted": "good"})
     if s.contradiction is not None:
         clean, divergent = s.contradiction
         if clean == divergent:
@@ -299,20 +337,99 @@ def _deterministic_stop(state: State, s: Summary) -> tuple[EndState, str] | None
         else:
             seen = (f"the probe showed the bug at {label[divergent].label} but not at "
                     f"{label[clean].label}, nearer the bad end: no single flip explains both")
-        return EndState.PROBE_CONTRADICTED, seen + DROP_DETERMINISTIC
+        return Finish(EndState.PROBE_CONTRADICTED, seen + DROP_DETERMINISTIC)
     block = s.block
     bracketed = s.total[block[0] - 1] and s.total[block[-1]]
     if s.total[bad] and s.total[good] and bracketed and s.bug_shown:
-        return EndState.DONE, "the candidates on both sides of the flip ran (--deterministic)"
+        return Finish(EndState.DONE,
+                      "the candidates on both sides of the flip ran (--deterministic)")
     spent, budget = s.evaluations, state.settings.max_evaluations
     if spent >= budget:
-        return EndState.BUDGET, f"budget of {budget} runs exhausted"
+        return Finish(EndState.BUDGET, f"budget of {budget} runs exhausted")
+    return None
+
+
+def suspect(state: State) -> tuple[int, str] | None:
+    """The candidate whose own lifetimes must clear what the model does not weigh
+    (``bisect_tool.ends``), and why, for the plain search and manual mode alike: the good end
+    once it showed the bug (a false alarm, or not a good end?), at once; once the flip holds
+    under the model, the good end and the good-side candidate next to the flip until each ran
+    clean often enough to rule out a bug at half the lifetimes or more; then whichever check
+    still keeps the answer below the asked confidence. Each gets at most
+    ``suspect_lifetimes``; the stop rules say the rest. None: the search's own choice."""
+    s = state.strategy.summary()
+    _, good = s.ends
+    if good is None or s.deterministic:
+        return None
+    limit = suspect_lifetimes(state.settings)
+    not_good = good_end_not_good(s)
+    if s.divergent[good] and s.total[good] < limit and not_good > 1 - s.threshold:
+        return good, "the good end showed the bug: a false alarm, or not a good end?"
+    if not s.done:
+        return None
+    for position in clean_not_earned(s):
+        which = "the good end" if position == good else "the commit next to the flip"
+        return position, (f"{which} must keep running clean: a bug there at half the lifetimes "
+                          "would have shown")
+    check = good_side_check(s)
+    if s.confidence * (1 - not_good) * (1 - check.doubt) >= s.threshold:
+        return None
+    if not_good >= check.doubt and s.total[good] < limit:
+        return good, f"P = {not_good:.4f} that the good end shows the bug: more of its lifetimes"
+    if s.total[check.nearest] < limit:
+        return check.nearest, (f"P = {check.doubt:.4f} that the bug shows before the flip too, "
+                               "at a rate of its own: more lifetimes next to it")
     return None
 
 
 def suspect_lifetimes(settings: SearchSettings) -> int:
     """How many lifetimes a good end that showed the bug gets before its doubt stands."""
     return SUSPECT_LIFETIMES_FACTOR * settings.max_end_lifetimes
+
+
+def good_side_shows_bug(state: State, s: Summary, check: GoodSideCheck) -> Finish:
+    """The stop that says the bug shows before the named flip too (issue 38: 15 % of lifetimes
+    from c17, every one from c26, and c26 named at 99.5 %): which commits showed it, and the
+    next command, a bisect of the older part. Where the stretch reaches the good end, it is
+    the good end that is not good."""
+    if check.through_good_end >= 0.5:
+        return ends_contradict(state, "good", s, check.doubt)
+    label = state.candidates
+    flip = label[s.block[0]].label
+    seen = ", ".join(f"{label[i].label} in {d} of {t}" for i, d, t in check.diverged[:5])
+    more = f" and {len(check.diverged) - 5} more" if len(check.diverged) > 5 else ""
+    good = s.ends[1]
+    assert good is not None
+    older = label[check.diverged[-1][0]] if check.diverged else label[check.nearest]
+    ref = older.tags[0] if older.tags else older.label
+    good_ref = label[good].tags[0] if label[good].tags else label[good].label
+    if state.direction is Direction.REGRESSION:
+        story = (f"the bug may start earlier, at a lower rate, and {flip} make it worse; bisect "
+                 f"the older part: --good {good_ref} --bad {ref}")
+    else:
+        story = (f"{flip} may fix it only in part, the bug still showing after it at a lower "
+                 f"rate; bisect the newer part: --bad {ref} --good {good_ref}")
+    weight = ("more than false alarms explain" if check.doubt >= s.threshold else
+              f"and {s.total[check.nearest]} lifetimes next to the flip cannot tell it from false "
+              "alarms")
+    message = (
+        f"the good side of {flip} shows the bug too ({seen or 'no divergence yet'}{more}; P = "
+        f"{check.doubt:.3f} that it shows there at a rate of its own, {weight}): {story}, with "
+        "the same recipe")
+    return Finish(EndState.GOOD_SIDE_SHOWS_BUG, message, {
+        "good_side": {"doubt": check.doubt, "through_good_end": check.through_good_end,
+                      "nearest": label[check.nearest].sha,
+                      "diverged": [[label[i].sha, d, t] for i, d, t in check.diverged]},
+        "next_range": {"good": label[good].sha, "bad": older.sha},
+    })
+
+
+def ends_contradict(
+    state: State, end: str, summary: Summary | None = None, not_good: float = 0.0
+) -> Finish:
+    """The stop that says ``end`` ("good" or "bad") is not what it was said to be."""
+    return Finish(EndState.ENDS_CONTRADICT,
+                  ends_contradict_message(state, end, summary, not_good), {"contradicted": end})
 
 
 def ends_contradict_message(

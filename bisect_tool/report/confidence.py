@@ -19,11 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bisect_tool.report.names import num
-from bisect_tool.strategy import Priors, stop_threshold
-
-
-def _log_beta(a: float, b: float) -> float:
-    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+from bisect_tool.strategy import Priors, log_sequence, stop_threshold
 
 
 def chance_of_clean_run(divergent: int, lifetimes: int, clean: int,
@@ -37,10 +33,10 @@ def chance_of_clean_run(divergent: int, lifetimes: int, clean: int,
     a, b = priors.p_alpha + d, priors.p_beta + (t - d)
     w = priors.p_point_mass
     # evidence of the d-of-t bad-side lifetimes under each part of p's prior
-    beta_evidence = math.exp(_log_beta(a, b) - _log_beta(priors.p_alpha, priors.p_beta))
+    beta_evidence = math.exp(log_sequence(d, t, priors.p_alpha, priors.p_beta))
     point_evidence = 1.0 if d == t else 0.0
     weight_beta = (1 - w) * beta_evidence / ((1 - w) * beta_evidence + w * point_evidence)
-    return weight_beta * math.exp(_log_beta(a, b + k) - _log_beta(a, b))
+    return weight_beta * math.exp(log_sequence(0, k, a, b))
 
 
 def how_sure(

@@ -128,6 +128,7 @@ def build_report(
         "candidates_tested": state.candidates_tested,
         "bad_end_lifetimes": next((t["lifetimes"] for t in tested if t["index"] == bad_end), 0),
         "end_message": rename(_end_message(everything.end) or "", commits) or None,
+        "checks": _checks(everything.end, by_sha),
     }
     rates = _rates(answer, tested, bad_end)
     lifetimes = evidence.lifetimes(contents, commits)
@@ -283,6 +284,30 @@ def _end_message(end: Mapping[str, Any] | None) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def _checks(end: Mapping[str, Any] | None, by_sha: Mapping[str, Mapping[str, Any]]
+            ) -> dict[str, Any] | None:
+    """What the checks of the model saw when the run ended (the end entry's ``checks``): the
+    chance that the good end shows the bug after all, and that the good side of the flip shows
+    it at a rate of its own, with the good-side candidates that showed it; and the clean
+    lifetimes of the good end and of the candidate next to the flip, with the chance of as many
+    were each buggy at the rate they are held to (issue 38)."""
+    raw = ((end or {}).get("summary") or {}).get("checks")
+    if not isinstance(raw, Mapping):
+        return None
+
+    def called(sha: object) -> str:
+        return name(by_sha[str(sha)]) if str(sha) in by_sha else short_ref(str(sha))
+
+    rate = float(raw.get("clean_against_rate") or 0.5)
+    return {"good_end_not_good": num(raw.get("good_end_not_good")),
+            "good_side_doubt": num(raw.get("good_side_doubt")),
+            "good_side_diverged": [{"name": called(sha), "divergent": int(d), "lifetimes": int(t)}
+                                   for sha, d, t in raw.get("good_side_diverged") or []],
+            "clean_against_rate": rate,
+            "clean": [{"name": called(sha), "clean": int(n), "chance": num((1 - rate) ** int(n))}
+                      for sha, n in raw.get("clean") or []]}
 
 
 def _range_facts(header: Mapping[str, Any], commits: Sequence[Mapping[str, Any]], good_end: int,

@@ -107,6 +107,9 @@ def _state_lines(report: Mapping[str, Any]) -> list[str]:
                 "there (controls, co-residency, jitter) before bisecting."]
     if state == "ends_contradict":
         return [f"**An end is not what it was said to be**{reason}. No {a['noun']} is named."]
+    if state == "good_side_shows_bug":
+        return [f"**The bug shows on the good side of the flip too**{reason}. No {a['noun']} "
+                "is named."]
     if state == "controls_failed":
         problem = (report.get("controls") or {}).get("problem") or "a control did not hold"
         return [f"**Controls failed**: {esc(problem.rstrip('.'))}. CLEAN results are not "
@@ -260,7 +263,24 @@ def _how_sure_section(report: Mapping[str, Any]) -> list[str]:
                       "good side" if good["lifetimes"] else "no lifetime on the good side"))
     rows.append(["The flip lies beyond the good end", percent(s["good_end_doubt"])])
     rows.append(["The bad end does not show the bug", percent(s["bad_end_doubt"])])
+    rows += _check_rows(report["answer"].get("checks"))
     return ["### How sure", "", *table(["", ""], [[esc(a), esc(b)] for a, b in rows]), ""]
+
+
+def _check_rows(checks: Mapping[str, Any] | None) -> list[list[str]]:
+    """What the checks of the model saw at the end (issue 38): a good end that shows the bug
+    after all, and a good side of the flip that shows it at a rate of its own."""
+    if not checks:
+        return []
+    seen = ", ".join(f"{d['name']} in {d['divergent']} of {d['lifetimes']}"
+                     for d in checks["good_side_diverged"]) or "none"
+    rate = percent(checks["clean_against_rate"])
+    return [["The good end shows the bug after all (at the bad side's rate or one of its own)",
+             percent(checks["good_end_not_good"])],
+            [f"The good side of the flip shows it at a rate of its own (divergent there: {seen})",
+             percent(checks["good_side_doubt"])],
+            *([f"Were {c['name']} buggy at rate {rate}: {plural(c['clean'], 'clean lifetime')}",
+               f"{percent(c['chance'])} of the time"] for c in checks["clean"])]
 
 
 def _evidence_section(report: Mapping[str, Any], max_rows: int | None) -> list[str]:

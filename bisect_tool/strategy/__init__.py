@@ -24,10 +24,13 @@ hypotheses separated only by untestable commits cannot be told apart, so the ans
 
 The modules: ``values`` (priors, costs, a choice, the summary), ``evidence`` (the counts),
 ``posterior`` (the flip), ``rates`` (p and q), ``information`` (the value of more lifetimes),
-``selection`` (the choice), ``bayes`` (the class the callers use).
+``selection`` (the choice), ``bayes`` (the class the callers use); ``beta`` (log B(a, b) and
+a run's evidence under a Beta rate: ``log_beta``, ``log_sequence``) is shared with the end
+checks, the locate matrix and the report.
 """
 
 from bisect_tool.strategy.bayes import BayesianStrategy
+from bisect_tool.strategy.beta import log_beta, log_sequence
 from bisect_tool.strategy.values import (
     Choice,
     Costs,
@@ -46,5 +49,7 @@ __all__ = [
     "Priors",
     "Rates",
     "Summary",
+    "log_beta",
+    "log_sequence",
     "stop_threshold",
 ]

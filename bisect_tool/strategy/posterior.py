@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bisect_tool.strategy.beta import log_beta
 from bisect_tool.strategy.evidence import Evidence
 from bisect_tool.strategy.values import Priors
 from bisect_tool.values import Direction
@@ -45,7 +46,7 @@ class _BetaBinomial:
 
     def __init__(self, a: float, b: float) -> None:
         self.la, self.lb, self.lab = _LogGammaTable(a), _LogGammaTable(b), _LogGammaTable(a + b)
-        self.norm = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+        self.norm = log_beta(a, b)
 
     def __call__(self, d: np.ndarray, t: np.ndarray) -> np.ndarray:
         out: np.ndarray = self.la(d) + self.lb(t - d) - self.lab(t) - self.norm
