@@ -32,7 +32,14 @@ as_root() {
 
 remove_images=()
 keep_images=()
+remove_containers=()
 if docker info >/dev/null 2>&1; then
+    # the containers the tool started (label bisect.tool=bisect), left by a crashed run or an
+    # interrupted test: they hold their images, which `docker rmi` then refuses (CI, 2026-12-07)
+    while read -r id image session; do
+        [ -n "$id" ] && remove_containers+=("$id ($image, session ${session:-?})")
+    done < <(docker ps -a --filter "label=bisect.tool=bisect" \
+        --format '{{.ID}} {{.Image}} {{.Label "bisect.session"}}' 2>/dev/null)
     for repo in $REPOS; do
         while read -r ref id; do
             [ -n "$ref" ] || continue
@@ -72,7 +79,8 @@ if [ -s "$RECORD/packages" ]; then
     done < <(sort -u "$RECORD/packages")
 fi
 
-if [ "${#remove_images[@]}" -eq 0 ] && [ -z "$engine_pid" ] && [ "${#remove_packages[@]}" -eq 0 ]; then
+if [ "${#remove_images[@]}" -eq 0 ] && [ "${#remove_containers[@]}" -eq 0 ] && [ -z "$engine_pid" ] \
+    && [ "${#remove_packages[@]}" -eq 0 ]; then
     say "nothing to undo${engine_note:+ ($engine_note)}"
     [ "${#keep_images[@]}" -gt 0 ] && printf '  kept: %s\n' "${keep_images[@]}"
     [ -n "${engine_gone:-}" ] && echo "  $engine_gone: nothing stopped"
@@ -82,6 +90,7 @@ if [ "${#remove_images[@]}" -eq 0 ] && [ -z "$engine_pid" ] && [ "${#remove_pack
 fi
 
 echo "docker-down will change this machine:"
+[ "${#remove_containers[@]}" -gt 0 ] && printf '  - remove the tool'"'"'s container %s\n' "${remove_containers[@]}"
 [ "${#remove_images[@]}" -gt 0 ] && echo "  - remove the tool's images: ${remove_images[*]}"
 [ -n "$engine_pid" ] && echo "  - stop the dockerd docker-up started (pid $engine_pid)"
 [ "${#remove_packages[@]}" -gt 0 ] && echo "  - apt-get remove, as root, the ${#remove_packages[@]} packages docker-up installed: ${remove_packages[*]}"
@@ -105,6 +114,15 @@ esac
 # ---- the changes ------------------------------------------------------------------------------
 
 status=0
+for entry in "${remove_containers[@]}"; do
+    id=${entry%% *}
+    if docker rm -f "$id" >/dev/null 2>/tmp/docker-down-rm.log; then
+        say "removed container $entry"
+    else
+        say "could not remove container $id: $(tail -n 1 /tmp/docker-down-rm.log)"
+        status=1
+    fi
+done
 for ref in "${remove_images[@]}"; do
     if docker rmi "$ref" >/dev/null 2>/tmp/docker-down-rmi.log; then
         say "removed $ref"

@@ -195,6 +195,11 @@ def test_docker_down_removes_the_tools_images_and_keeps_one_that_only_inherited_
             empty.getvalue(), repository=repo, tag=tag, changes=[f"LABEL bisect.image={label}"])
         made.append(f"{repo}:{tag}")
         assert image
+    # a container a crashed run left (the tool's label): it holds its image, which `docker rmi`
+    # alone then refuses (CI, 2026-12-07)
+    left = docker_client.containers.create(
+        f"{repo}:own", command=["/left-by-a-crash"],
+        labels={"bisect.tool": "bisect", "bisect.session": "crashed"})
     try:
         docker = shutil.which("docker")
         assert docker
@@ -206,8 +211,12 @@ def test_docker_down_removes_the_tools_images_and_keeps_one_that_only_inherited_
         tags = {t for i in docker_client.images.list(name=repo) for t in i.tags}
         assert tags == {f"{repo}:derived"}, done.stdout
         assert f"removed {repo}:own" in done.stdout
+        assert f"removed container {left.short_id}" in done.stdout
+        assert not docker_client.containers.list(all=True, filters={"id": left.id})
         assert f"keep {repo}:derived (label bisect.image=bisect-base, not {repo}" in done.stdout
     finally:
+        with contextlib.suppress(Exception):  # already removed by the script
+            left.remove(force=True)
         for ref in made:
             with contextlib.suppress(Exception):  # already removed by the script
                 docker_client.images.remove(ref, force=True)

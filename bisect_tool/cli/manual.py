@@ -51,6 +51,9 @@ def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | Non
             print_outcome(Outcome(state_name, message, state.summary()))
             return
     click.echo(f"next: {nxt.sha} {nxt.subject}")
+    why = manual.why_again(state, nxt)
+    if why:
+        click.echo(why)
 
 
 def _judging(name: str, verdict: Verdict, help: str) -> click.Command:

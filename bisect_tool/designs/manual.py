@@ -42,3 +42,15 @@ def next_manual_candidate(state: State) -> Candidate | None:
         return state.candidates[state.strategy.select().position]
     except NoCandidateLeft:
         return None
+
+
+def why_again(state: State, candidate: Candidate) -> str | None:
+    """Why a commit already judged is asked again, where a check of the model asks it (issue
+    38: the good end and the commit next to the flip must keep running clean before a commit
+    is named): a user judging by hand sees the reason, and the way out when a verdict by hand
+    is final."""
+    wanted = suspect(state)
+    if wanted is None or state.candidates[wanted[0]].sha != candidate.sha:
+        return None
+    return (f"again: {wanted[1]} (a bug that shows only sometimes); if one verdict by hand is "
+            "final, start with --deterministic")
