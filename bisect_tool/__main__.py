@@ -9,6 +9,7 @@ it and goes on ("Exception ignored in ... _get_module_lock"), and the Ctrl-C wou
 
 import signal
 import sys
+from typing import Any
 
 
 def main() -> None:
@@ -17,13 +18,20 @@ def main() -> None:
     hold = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if hold:
         signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    handler: Any = signal.default_int_handler
     try:
+        from bisect_tool import interrupts
+
+        # from here on a Ctrl-C that lands in a finalizer (Popen.__del__ after every `git`
+        # command) is delivered again, not dropped
+        interrupts.install()
+        handler = interrupts.on_sigint
         from bisect_tool.cli import main as cli_main
     except KeyboardInterrupt:
         pressed.append(signal.SIGINT)
     finally:
         if hold:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, handler)
     if pressed:
         sys.stderr.write("bisect: interrupted before it started; nothing was written\n")
         sys.exit(130)

@@ -83,6 +83,9 @@ class Interrupted(AbortError):
     """SIGTERM (Ctrl-C is click's Abort): stopped on request, not failed; the journal stays for
     `bisect resume`, even when nothing was observed yet."""
 
+    #: the signal that raised it, when one did (``runtime.common.sigterm_raises``)
+    signum: int | None = None
+
 
 class UntestableError(BisectError):
     """The candidate cannot be evaluated: no artifact, build or boot failure, ABI mismatch.

@@ -28,10 +28,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bisect_tool.errors import InfrastructureError
 
@@ -63,22 +65,42 @@ def _git_common_dir(repo_path: str) -> Path | None:
     return (Path(repo_path) / done.stdout.strip()).resolve()
 
 
+#: this thread's turn files, by clone: [open file, the ``_turn`` that holds it]
+_held = threading.local()
+
+
 @contextmanager
 def _turn(repo_path: Path) -> Iterator[None]:
     """One ``git worktree`` command at a time on this clone, across all processes of the tool
-    (without a writable git dir: no turns, the retries alone)."""
+    (without a writable git dir: no turns, the retries alone).
+
+    A Ctrl-C that lands after the command but before the lock's file is closed (in
+    contextlib's ``__exit__``, before the generator resumes) left that file open, kept alive by
+    the traceback, and locked; the worktree's removal then waited for its own turn on a second
+    file, for ever (``flock`` locks by open file, not by process), with Ctrl-C held back. So
+    the open file is this thread's, by clone, and a turn this thread did not give back is
+    taken over, not waited for (a thread runs one turn at a time)."""
     common = _git_common_dir(str(repo_path))
+    files: dict[Path, list[Any]] = _held.__dict__.setdefault("files", {})
+    mine = object()
+    entry: list[Any] | None = None
+    if common is not None:
+        entry = files.get(common)
+        if entry is None or entry[0].closed:
+            files.pop(common, None)
+            try:
+                entry = files[common] = [open(common / _TURNS, "a"), mine]  # noqa: SIM115
+            except OSError:
+                entry = None
+    if entry is not None:
+        entry[1] = mine
+        fcntl.flock(entry[0], fcntl.LOCK_EX)  # the kernel drops it if we die; ours: at once
     try:
-        fh = open(common / _TURNS, "a") if common is not None else None  # noqa: SIM115
-    except OSError:
-        fh = None
-    try:
-        if fh is not None:
-            fcntl.flock(fh, fcntl.LOCK_EX)  # the kernel drops it if we die
         yield
     finally:
-        if fh is not None:
-            fh.close()
+        if common is not None and entry is not None and entry[1] is mine:
+            entry[0].close()  # first: dropped from ``files`` or not, the lock is given back
+            files.pop(common, None)
 
 
 def _git_worktree(

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from bisect_tool import interrupts
 from bisect_tool.errors import BootFailed, Interrupted
 from bisect_tool.interfaces import ServerHandle
 
@@ -182,11 +183,16 @@ def sigterm_raises() -> Iterator[None]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         nonlocal fired
-        if fired:
+        if fired and not interrupts.owed(signum):
+            return
+        if interrupts.in_finalizer(frame):  # raised there, it would be dropped
+            interrupts.again(signum)
             return
         fired = True
         name = signal.Signals(signum).name
-        raise Interrupted(f"terminated ({name}); lifetimes torn down")
+        stop = Interrupted(f"terminated ({name}); lifetimes torn down")
+        stop.signum = signum  # dropped by a finalizer all the same: delivered again
+        raise stop
 
     # Under `nohup` SIGHUP is ignored on purpose: the run must outlive the terminal.
     previous = {
