@@ -280,7 +280,8 @@ class _Asker:
 
     def _release(self, tags: tuple[str, ...]) -> str:
         from bisect_tool.artifacts.index import fetch_project_files
-        from bisect_tool.artifacts.sources import ReleaseSource, pip_index_url, release_version
+        from bisect_tool.artifacts.pipindex import pip_index_url
+        from bisect_tool.artifacts.release_source import ReleaseSource, release_version
 
         if not any(release_version(t) for t in tags):
             raise ArtifactUnavailable("the commit carries no release tag")
