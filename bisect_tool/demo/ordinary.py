@@ -52,6 +52,8 @@ DOC_FILES = (
     "docs/serving/metrics.md",
     "docs/contributing.md",
 )
+
+
 def bump_rev(tree: dict[str, str]) -> None:
     source = tree[KERNEL]
     start = source.index(_REV_PREFIX) + len(_REV_PREFIX)
