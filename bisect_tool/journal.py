@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -290,8 +290,3 @@ def _shown(value: object) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 20 else text[:20] + "..."
 
-
-def iter_entries(path: Path) -> Iterator[dict[str, Any]]:
-    contents = read(path)
-    yield contents.header
-    yield from contents.entries

@@ -46,8 +46,7 @@ NAMES = {
     "source-build": "source build",
     "": "none",
 }
-#: the sources that download (no build machine), and the one that builds
-DOWNLOADS = ("wheel-index", "release")
+#: the source that builds (the others download: no build machine)
 BUILD = "source-build"
 
 
