@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,60 +214,79 @@ def read(path: Path) -> JournalContents:
         if not raw.strip():
             continue
         last = number >= len(lines) - 1  # the last line: a crash mid-write may have torn it
-        try:
-            # utf-8-sig: an editor may save the file with a byte-order mark before the header
-            entry = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
-        except UnicodeDecodeError:
-            if last:
-                torn = True
-                continue
-            raise CorruptJournal(
-                f"{path}:{number}: not UTF-8 text; this is not a bisect journal (or it is "
-                "damaged): fix or remove that line, then `bisect resume`"
-            ) from None
-        except ValueError:
-            if not entries and not last:  # e.g. `bisect replay` of some other file
-                raise CorruptJournal(
-                    f"{path}: not a bisect journal (line {number} is not a journal header); "
-                    "give the journal.jsonl of a state dir"
-                ) from None
-            if last:
-                torn = True
-                continue
-            raise CorruptJournal(
-                f"{path}:{number}: corrupt journal line; fix or remove it, then `bisect resume`"
-            ) from None
+        entry = _parse_line(path, number, raw, last, first=not entries)
+        if entry is _TORN:
+            torn = True
+            continue
         if not entries:
-            if not isinstance(entry, dict) or entry.get("type") != "header":
-                raise CorruptJournal(f"{path}: not a bisect journal (no header line)")
-            version = entry.get("version")
-            if version != JOURNAL_VERSION:
-                raise CorruptJournal(
-                    f"{path}: journal version {_shown(version)} is not supported (this tool "
-                    f"reads {JOURNAL_VERSION}); use the bisect version that wrote it"
-                )
-        try:
-            if not entries:
-                candidates = check_header(entry)
-            else:
-                check_entry(entry, candidates)
-        except ShapeError as exc:
-            raise CorruptJournal(
-                f"{path}:{number}: not a journal entry this tool wrote: it {exc}; fix or "
-                "remove that line, then `bisect resume`"
-            ) from None
+            _check_version(path, entry)
+        candidates = _check_shape(path, number, entry, candidates, header=not entries)
         entries.append(entry)
     if not entries:
         raise CorruptJournal(f"{path}: not a bisect journal (no header line)")
     return JournalContents(entries[0], tuple(entries[1:]), torn)
 
 
+#: what ``_parse_line`` returns for a last line that a crash mid-write tore
+_TORN = object()
+
+
+def _parse_line(path: Path, number: int, raw: bytes, last: bool, first: bool) -> Any:
+    """Line ``number``'s JSON value, or ``_TORN`` where the last line is not one. ``first``:
+    no entry came before it (it must be the header)."""
+    try:
+        # utf-8-sig: an editor may save the file with a byte-order mark before the header
+        return json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
+    except UnicodeDecodeError:
+        if last:
+            return _TORN
+        raise CorruptJournal(
+            f"{path}:{number}: not UTF-8 text; this is not a bisect journal (or it is "
+            "damaged): fix or remove that line, then `bisect resume`"
+        ) from None
+    except ValueError:
+        if first and not last:  # e.g. `bisect replay` of some other file
+            raise CorruptJournal(
+                f"{path}: not a bisect journal (line {number} is not a journal header); "
+                "give the journal.jsonl of a state dir"
+            ) from None
+        if last:
+            return _TORN
+        raise CorruptJournal(
+            f"{path}:{number}: corrupt journal line; fix or remove it, then `bisect resume`"
+        ) from None
+
+
+def _check_version(path: Path, entry: Any) -> None:
+    """The first line is a header of the journal version this tool reads."""
+    if not isinstance(entry, dict) or entry.get("type") != "header":
+        raise CorruptJournal(f"{path}: not a bisect journal (no header line)")
+    version = entry.get("version")
+    if version != JOURNAL_VERSION:
+        raise CorruptJournal(
+            f"{path}: journal version {_shown(version)} is not supported (this tool "
+            f"reads {JOURNAL_VERSION}); use the bisect version that wrote it"
+        )
+
+
+def _check_shape(
+    path: Path, number: int, entry: Any, candidates: int, header: bool
+) -> int:
+    """Check line ``number``'s shape (``bisect_tool.entries``); returns how many candidates the
+    journal lists (the header's count, read from it when ``header``)."""
+    try:
+        if header:
+            return check_header(entry)
+        check_entry(entry, candidates)
+        return candidates
+    except ShapeError as exc:
+        raise CorruptJournal(
+            f"{path}:{number}: not a journal entry this tool wrote: it {exc}; fix or "
+            "remove that line, then `bisect resume`"
+        ) from None
+
+
 def _shown(value: object) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 20 else text[:20] + "..."
 
-
-def iter_entries(path: Path) -> Iterator[dict[str, Any]]:
-    contents = read(path)
-    yield contents.header
-    yield from contents.entries

@@ -73,8 +73,8 @@ def _ends(request: LocateRequest) -> tuple[Candidate, Candidate, int | None]:
     and for releases, how many releases lie between them (the next step for adjacent ones is
     the commits between them, not a release-level bisect with nothing to search)."""
     if request.releases is not None:
+        from bisect_tool.artifacts.pipindex import pip_index_url
         from bisect_tool.artifacts.releases import fetch_listing, resolve_release_range
-        from bisect_tool.artifacts.sources import pip_index_url
         from bisect_tool.dirs import default_cache_dir
 
         settings = request.recipe.artifacts
@@ -279,7 +279,8 @@ def _release_wheel(request: LocateRequest, provider: Any, end: Candidate) -> Pat
     """The release's whole wheel (the artifact cache keeps only its swap set)."""
     import tempfile
 
-    from bisect_tool.artifacts.sources import ReleaseSource, pip_index_url
+    from bisect_tool.artifacts.pipindex import pip_index_url
+    from bisect_tool.artifacts.release_source import ReleaseSource
 
     settings = request.recipe.artifacts
     source = ReleaseSource(settings.index_url or pip_index_url(), settings.package,

@@ -36,7 +36,8 @@ import numpy as np
 from bisect_tool.errors import BisectError
 from bisect_tool.preflight import Check, environment
 from bisect_tool.recipe import Recipe
-from bisect_tool.simulate import Lifetimes, Outcome, run_design, step
+from bisect_tool.simhistories import Lifetimes, step
+from bisect_tool.simulate import Outcome, run_design
 from bisect_tool.strategy import Costs, Priors
 from bisect_tool.tiers import Tier
 from bisect_tool.values import Direction, ProbeKind

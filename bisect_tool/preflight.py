@@ -200,78 +200,94 @@ def environment(recipe: Recipe | None) -> list[Check]:
     runtime = recipe.runtime
     checks: list[Check] = []
     if need.interpreter:
-        python = runtime.interpreter()
-        package = recipe.artifacts.package
-        found = _ask(python, ["torch", package], runtime.pinned_package_dir, runtime.env)
-        if found is None:
-            checks.append(Check("interpreter", False, f"{python} does not run",
-                                "set [runtime] python (--python) to the pinned interpreter",
-                                True))
-        else:
-            checks.append(Check("interpreter", True,
-                                f"{found['executable']} (Python {found['python']})",
-                                required=True))
-            torch = found.get("torch")
-            if torch and "origin" in torch:
-                checks.append(Check("torch", True, f"torch {torch['version'] or '?'}",
-                                    required=need.torch))
-            elif need.torch:
-                checks.append(Check(
-                    "torch", False, f"{found['executable']} has no torch",
-                    f"install the torch the pinned {package} needs into it, or set [runtime] "
-                    "python (--python)", True))
-            pkg = found.get(package)
-            if need.pinned_package:
-                where = runtime.pinned_package_dir or "its site-packages"
-                if pkg and "origin" in pkg:
-                    version = f" {pkg['version']}" if pkg["version"] else ""
-                    checks.append(Check("pinned stack", True,
-                                        f"{package}{version} at {Path(pkg['origin']).parent}",
-                                        required=True))
-                else:
-                    checks.append(Check(
-                        "pinned stack", False, f"{package} is not importable from {where}",
-                        f"install {package} into {found['executable']}, or point [runtime] "
-                        "pinned_package_dir (--pinned-dir) at the folder holding it", True))
+        checks.extend(_interpreter(recipe, need))
     if need.torch or need.gpu:
-        gpus = _gpus()
-        if gpus:
-            checks.append(Check("gpu", True, f"{len(gpus)} x {gpus[0]}", required=need.gpu))
-        else:
-            why = "nvidia-smi not found" if gpus is None else "nvidia-smi lists none"
-            checks.append(Check("gpu", False, f"no NVIDIA GPU ({why})",
-                                "run on a machine with an NVIDIA GPU and its driver", need.gpu))
+        checks.append(_gpu(need))
     if need.docker:
         checks.extend(_docker(runtime.image))
     if need.ray:
-        if importlib.util.find_spec("ray") is None:
-            from bisect_tool.evaluate.ray import INSTALL_HINT
-
-            checks.append(Check("ray", False, "ray is not installed here", INSTALL_HINT, True))
-        else:
-            checks.append(Check("ray", True, runtime.ray_address or "a local cluster",
-                                required=True))
+        checks.append(_ray(recipe))
     if need.random_weights:
         checks.append(_weights(recipe))
-    settings = recipe.artifacts
-    if "source-build" in settings.sources and settings.build_command:
-        if settings.build_executor == "docker" and not need.docker:
-            checks.extend(dataclasses.replace(c, required=False) for c in _docker(""))
-        elif settings.build_executor == "host":
-            import shlex
-
-            try:
-                program = shlex.split(settings.build_command)[0]
-            except (ValueError, IndexError):
-                program = settings.build_command
-            found_at = shutil.which(program)
-            checks.append(Check(
-                "build", bool(found_at),
-                f"host builds run `{settings.build_command}`"
-                + (f" ({program}: {found_at})" if found_at else f"; {program} is not on PATH"),
-                f"install {program} or fix [artifacts] build_command",
-            ))
+    checks.extend(_build(recipe, need))
     return checks
+
+
+def _interpreter(recipe: Recipe, need: Needs) -> list[Check]:
+    """The pinned interpreter, its torch and the pinned package in it."""
+    runtime = recipe.runtime
+    python = runtime.interpreter()
+    package = recipe.artifacts.package
+    found = _ask(python, ["torch", package], runtime.pinned_package_dir, runtime.env)
+    if found is None:
+        return [Check("interpreter", False, f"{python} does not run",
+                      "set [runtime] python (--python) to the pinned interpreter", True)]
+    checks = [Check("interpreter", True, f"{found['executable']} (Python {found['python']})",
+                    required=True)]
+    torch = found.get("torch")
+    if torch and "origin" in torch:
+        checks.append(Check("torch", True, f"torch {torch['version'] or '?'}",
+                            required=need.torch))
+    elif need.torch:
+        checks.append(Check(
+            "torch", False, f"{found['executable']} has no torch",
+            f"install the torch the pinned {package} needs into it, or set [runtime] "
+            "python (--python)", True))
+    pkg = found.get(package)
+    if need.pinned_package:
+        where = runtime.pinned_package_dir or "its site-packages"
+        if pkg and "origin" in pkg:
+            version = f" {pkg['version']}" if pkg["version"] else ""
+            checks.append(Check("pinned stack", True,
+                                f"{package}{version} at {Path(pkg['origin']).parent}",
+                                required=True))
+        else:
+            checks.append(Check(
+                "pinned stack", False, f"{package} is not importable from {where}",
+                f"install {package} into {found['executable']}, or point [runtime] "
+                "pinned_package_dir (--pinned-dir) at the folder holding it", True))
+    return checks
+
+
+def _gpu(need: Needs) -> Check:
+    gpus = _gpus()
+    if gpus:
+        return Check("gpu", True, f"{len(gpus)} x {gpus[0]}", required=need.gpu)
+    why = "nvidia-smi not found" if gpus is None else "nvidia-smi lists none"
+    return Check("gpu", False, f"no NVIDIA GPU ({why})",
+                 "run on a machine with an NVIDIA GPU and its driver", need.gpu)
+
+
+def _ray(recipe: Recipe) -> Check:
+    if importlib.util.find_spec("ray") is None:
+        from bisect_tool.evaluate.ray import INSTALL_HINT
+
+        return Check("ray", False, "ray is not installed here", INSTALL_HINT, True)
+    return Check("ray", True, recipe.runtime.ray_address or "a local cluster", required=True)
+
+
+def _build(recipe: Recipe, need: Needs) -> list[Check]:
+    """What a source build needs where it runs (not required: other sources may serve)."""
+    settings = recipe.artifacts
+    if "source-build" not in settings.sources or not settings.build_command:
+        return []
+    if settings.build_executor == "docker" and not need.docker:
+        return [dataclasses.replace(c, required=False) for c in _docker("")]
+    if settings.build_executor != "host":
+        return []
+    import shlex
+
+    try:
+        program = shlex.split(settings.build_command)[0]
+    except (ValueError, IndexError):
+        program = settings.build_command
+    found_at = shutil.which(program)
+    return [Check(
+        "build", bool(found_at),
+        f"host builds run `{settings.build_command}`"
+        + (f" ({program}: {found_at})" if found_at else f"; {program} is not on PATH"),
+        f"install {program} or fix [artifacts] build_command",
+    )]
 
 
 def require(recipe: Recipe | None) -> list[Check]:

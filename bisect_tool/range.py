@@ -352,45 +352,9 @@ def resolve_range(
     if good == bad:
         raise RangeError(f"--good {good_ref} and --bad {bad_ref} are the same commit {good[:12]}")
     main_ref = resolve_mainline(repo, mainline)
-    stands_for = ""
-    if _is_ancestor(repo, good, bad):
-        direction, old, new = Direction.REGRESSION, good, bad
-        base = old
-    elif _is_ancestor(repo, bad, good):
-        direction, old, new = Direction.FIX, bad, good
-        base = old
-    else:
-        old = _older_end(repo, good, bad, main_ref, good_ref, bad_ref)
-        new = bad if old == good else good
-        direction = Direction.REGRESSION if old == good else Direction.FIX
-        base = _merge_base(repo, old, new)
-        if not base:
-            raise RangeError(f"{good_ref} and {bad_ref} share no history: they are not commits "
-                             "of one project")
-        # git bisect tests the merge base first: it stands in for the older end, and must
-        # behave as that end does (designs/phases.py stops with exit 9 when it does not)
-        stands_for = good_ref if old == good else bad_ref
-    tags_by_sha: dict[str, list[str]] = {}
-    for tag in repo.tags:
-        try:
-            tags_by_sha.setdefault(tag.commit.hexsha, []).append(tag.name)
-        except ValueError:
-            continue
-    # One git call: each first-parent commit with the files it changed against its first parent
-    # (-m --first-parent shows a merge's whole change, so a merge is blamed as a unit).
-    log = repo.git.log(
-        "--first-parent", "-m", "--name-only", "--format=%x00%H%x01%ct%x01%s", f"{base}..{new}"
-    )
-    changed: list[tuple[str, int, str, list[str]]] = []
-    for chunk in log.split("\x00")[1:]:
-        head, _, files = chunk.partition("\n")
-        sha, _, rest = head.partition("\x01")
-        when, _, subject = rest.partition("\x01")
-        changed.append((sha, int(when or 0), subject,
-                        [f for f in files.splitlines() if f.strip()]))
-    changed.reverse()  # oldest first
-    if not changed:
-        raise RangeError(f"the range {base[:12]}..{new[:12]} is empty")
+    direction, base, new, stands_for = _ends(repo, good, bad, main_ref, good_ref, bad_ref)
+    tags_by_sha = _tags_by_sha(repo)
+    changed = _first_parent_changes(repo, base, new)
     parent = str(repo.git.rev_parse(f"{changed[0][0]}^1")) if changed else ""
     if parent != base:
         raise RangeError(
@@ -434,6 +398,62 @@ def resolve_range(
     why = (((f"touch none of {', '.join(paths)}", left_out),) if left_out else ())
     return CommitRange(good_ref, bad_ref, good, bad, direction, tuple(candidates), tuple(paths),
                        mainline=main_ref, left_out=why)
+
+
+
+def _ends(
+    repo: Any, good: str, bad: str, main_ref: str, good_ref: str, bad_ref: str
+) -> tuple[Direction, str, str, str]:
+    """(direction, the range's base, its new end, the ref the base stands in for): the base is
+    the older end, or where the ends are not on one line of history their merge base, which
+    stands in for the older end ("" where it is that end)."""
+    if _is_ancestor(repo, good, bad):
+        return Direction.REGRESSION, good, bad, ""
+    if _is_ancestor(repo, bad, good):
+        return Direction.FIX, bad, good, ""
+    old = _older_end(repo, good, bad, main_ref, good_ref, bad_ref)
+    new = bad if old == good else good
+    direction = Direction.REGRESSION if old == good else Direction.FIX
+    base = _merge_base(repo, old, new)
+    if not base:
+        raise RangeError(f"{good_ref} and {bad_ref} share no history: they are not commits "
+                         "of one project")
+    # git bisect tests the merge base first: it stands in for the older end, and must
+    # behave as that end does (designs/phases.py stops with exit 9 when it does not)
+    return direction, base, new, good_ref if old == good else bad_ref
+
+
+def _tags_by_sha(repo: Any) -> dict[str, list[str]]:
+    tags_by_sha: dict[str, list[str]] = {}
+    for tag in repo.tags:
+        try:
+            tags_by_sha.setdefault(tag.commit.hexsha, []).append(tag.name)
+        except ValueError:
+            continue
+    return tags_by_sha
+
+
+def _first_parent_changes(
+    repo: Any, base: str, new: str
+) -> list[tuple[str, int, str, list[str]]]:
+    """(sha, commit time, subject, files changed) of each first-parent commit after ``base`` up
+    to ``new``, oldest first; an empty range is a ``RangeError``."""
+    # One git call: each first-parent commit with the files it changed against its first parent
+    # (-m --first-parent shows a merge's whole change, so a merge is blamed as a unit).
+    log = repo.git.log(
+        "--first-parent", "-m", "--name-only", "--format=%x00%H%x01%ct%x01%s", f"{base}..{new}"
+    )
+    changed: list[tuple[str, int, str, list[str]]] = []
+    for chunk in log.split("\x00")[1:]:
+        head, _, files = chunk.partition("\n")
+        sha, _, rest = head.partition("\x01")
+        when, _, subject = rest.partition("\x01")
+        changed.append((sha, int(when or 0), subject,
+                        [f for f in files.splitlines() if f.strip()]))
+    changed.reverse()  # oldest first
+    if not changed:
+        raise RangeError(f"the range {base[:12]}..{new[:12]} is empty")
+    return changed
 
 
 def placement(commit_range: CommitRange) -> list[str]:

@@ -8,17 +8,15 @@ a path works too. CLI flags override recipe values through :func:`Recipe.overrid
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import sys
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bisect_tool.errors import RecipeError
+from bisect_tool.tomlvalues import check_value, did_you_mean
 
 BUNDLED_DIR = Path(__file__).parent / "recipes"
 
@@ -355,8 +353,8 @@ def from_dict(data: dict[str, Any], source: str = "<dict>") -> Recipe:
     if "name" not in data:
         raise RecipeError(f"{source}: missing field 'name'")
     kwargs: dict[str, Any] = {
-        "name": _check(source, "name", data["name"], str),
-        "description": _check(source, "description", data.get("description", ""), str),
+        "name": check_value(source, "name", data["name"], str),
+        "description": check_value(source, "description", data.get("description", ""), str),
         "source": source,
     }
     for section, cls in _SECTIONS.items():
@@ -424,7 +422,7 @@ def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) ->
                 f"{source}: unknown key '{key}' in [{section}]{hint}; known: "
                 f"{', '.join(sorted(names))}"
             )
-        values[key] = _check(source, f"{section}.{key}", value, hints[key])
+        values[key] = check_value(source, f"{section}.{key}", value, hints[key])
     from bisect_tool.limits import check_section
 
     check_section(source, section, values)
@@ -433,59 +431,6 @@ def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) ->
 
         redact.remember(values["env"])  # a child may print them: scrub them from its log too
     return cls(**values)
-
-
-def did_you_mean(key: str, known: typing.Iterable[str]) -> str:
-    """" (did you mean 'max_tokens'?)" for a misspelt key, "" when none is close (difflib: the
-    standard library's matcher; a schema library would not word it better)."""
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _check(source: str, where: str, value: Any, expected: Any) -> Any:
-    """Check a TOML value against a field's type; tuples come from TOML arrays."""
-    origin = typing.get_origin(expected)
-    problem = f"{source}: '{where}' must be {_describe(expected)}, got {type(value).__name__}"
-    if expected is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise RecipeError(problem)
-        if not math.isfinite(value):  # TOML has nan and inf; no setting means either
-            raise RecipeError(f"{source}: '{where}' must be a finite number, got {value}")
-        return float(value)
-    if expected is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise RecipeError(problem)
-        return value
-    if expected in (str, bool):
-        if not isinstance(value, expected):
-            raise RecipeError(problem)
-        return value
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise RecipeError(problem)
-        args = typing.get_args(expected)
-        item_type = args[0]
-        if len(args) == 2 and args[1] is not Ellipsis and len(value) != 2:
-            raise RecipeError(f"{source}: '{where}' must have exactly 2 items")
-        return tuple(_check(source, where, item, item_type) for item in value)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise RecipeError(problem)
-        return {str(k): _check(source, f"{where}.{k}", v, str) for k, v in value.items()}
-    if isinstance(expected, types.UnionType):
-        return value
-    raise RecipeError(f"{source}: cannot check '{where}'")
-
-
-def _describe(expected: Any) -> str:
-    origin = typing.get_origin(expected)
-    if origin is tuple:
-        return f"a list of {_describe(typing.get_args(expected)[0])}"
-    if origin is dict:
-        return "a table of strings"
-    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
-        expected, str(expected)
-    )
 
 
 def from_dict_loose(data: dict[str, Any]) -> Recipe:

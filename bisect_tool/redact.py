@@ -125,37 +125,44 @@ def text(value: str, secrets: Iterable[str] | None = None, *, controls: bool = T
     for secret in secret_values() if secrets is None else secrets:
         if secret in value:
             value = value.replace(secret, REDACTED)
+    return _redact_shapes(value)
+
+
+def _redact_shapes(value: str) -> str:
+    """``value`` with every secret-shaped part replaced (keys, tokens, credentials in an
+    Authorization header or a URL, values of secret-named settings)."""
     hints = _Hints(value)
     if hints.private_key:
         value = _PRIVATE_KEY.sub(f"-----BEGIN \\1PRIVATE KEY----- {REDACTED}", value)
     if hints.token:
         value = _TOKEN_SHAPES.sub(REDACTED, value)
-
-    def keep_scheme(m: re.Match[str]) -> str:
-        if m.group(2).startswith("$"):  # a reference to a variable, not the credential
-            return m.group(0)
-        return m.group(1) + REDACTED
-
     if hints.auth:
-        value = _AUTH.sub(keep_scheme, value)
+        value = _AUTH.sub(_keep_scheme, value)
     if hints.url:
         value = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", value)
-
-    def pair(m: re.Match[str]) -> str:
-        if not is_secret_name(m.group(1)) or m.group(3) == REDACTED or m.group(3).startswith("$"):
-            return m.group(0)
-        return f"{m.group(1)}{m.group(2)}{REDACTED}"
-
-    def lower_pair(m: re.Match[str]) -> str:
-        if m.group(3) == REDACTED or m.group(3).startswith("$"):
-            return m.group(0)
-        return f"{m.group(1)}{m.group(2)}{REDACTED}"
-
     if hints.pair:
-        value = _PAIR.sub(pair, value)
+        value = _PAIR.sub(_pair, value)
     if hints.lower_pair:
-        value = _LOWER_PAIR.sub(lower_pair, value)
+        value = _LOWER_PAIR.sub(_lower_pair, value)
     return value
+
+
+def _keep_scheme(m: re.Match[str]) -> str:
+    if m.group(2).startswith("$"):  # a reference to a variable, not the credential
+        return m.group(0)
+    return m.group(1) + REDACTED
+
+
+def _pair(m: re.Match[str]) -> str:
+    if not is_secret_name(m.group(1)) or m.group(3) == REDACTED or m.group(3).startswith("$"):
+        return m.group(0)
+    return f"{m.group(1)}{m.group(2)}{REDACTED}"
+
+
+def _lower_pair(m: re.Match[str]) -> str:
+    if m.group(3) == REDACTED or m.group(3).startswith("$"):
+        return m.group(0)
+    return f"{m.group(1)}{m.group(2)}{REDACTED}"
 
 
 # The words each shape cannot match without, tested with ``in`` (a fast scan) before its

@@ -172,8 +172,8 @@ def release_range(
     """The releases between --good and --bad as candidates, the recipe as a release-level run
     uses it (release wheels, or files at hand: no clone to build from), and the header's facts
     about the listing."""
+    from bisect_tool.artifacts.pipindex import pip_index_url
     from bisect_tool.artifacts.releases import fetch_listing, resolve_release_range
-    from bisect_tool.artifacts.sources import pip_index_url
     from bisect_tool.dirs import default_cache_dir
 
     settings = recipe.artifacts

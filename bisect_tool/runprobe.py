@@ -30,8 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from bisect_tool.errors import InfrastructureError
+
+if TYPE_CHECKING:
+    from bisect_tool.redact import LineRedactor
 
 NOT_EXECUTABLE = 126
 NOT_FOUND = 127
@@ -200,21 +204,7 @@ def run_group(
     """
     from bisect_tool import redact
 
-    sink = None
-    if log is not None:
-        try:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            sink = log.open("ab")
-            if log_header:
-                sink.write(redact.text(log_header.rstrip("\n") + "\n").encode())
-        except OSError as exc:  # the disk is full: a failure of the machine, not the probe
-            if sink is not None:
-                with contextlib.suppress(OSError):
-                    sink.close()
-            raise InfrastructureError(
-                f"cannot write the probe's log {log} ({exc.strerror or exc}); free space "
-                "there, then `bisect resume`"
-            ) from None
+    sink = _open_log(log, log_header)
     try:
         proc = subprocess.Popen(
             shepherded(argv, env),
@@ -234,6 +224,62 @@ def run_group(
         if pipe is not None:
             os.set_blocking(pipe.fileno(), False)
             streams[pipe.fileno()] = (_Tail(tail_bytes), redact.LineRedactor())
+
+    take = _taker(streams, sink, log)
+    exited = False
+    try:
+        with track(proc.pid) if track is not None else contextlib.nullcontext():
+            try:
+                exited = _read_until_exit(proc.pid, streams, take, timeout_s)
+            finally:
+                _end_group(proc, label, exited)
+        _drain(streams, take)  # what it wrote before the group was ended
+    finally:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        if sink is not None:
+            _close_log(sink, streams)
+    tails = [tail for tail, _ in streams.values()]
+    out = tails[0]
+    err = tails[1] if len(tails) > 1 else None
+    return Finished(
+        proc.returncode if exited else None,
+        out.text(),
+        err.text() if err is not None else "",
+        sum(t.total for t in tails),
+        sum(min(len(t.data), t.limit) for t in tails),
+        log,
+    )
+
+
+def _open_log(log: Path | None, header: str) -> BinaryIO | None:
+    """``log`` opened to append to, ``header`` written first (redacted); None without one."""
+    from bisect_tool import redact
+
+    if log is None:
+        return None
+    sink = None
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        sink = log.open("ab")
+        if header:
+            sink.write(redact.text(header.rstrip("\n") + "\n").encode())
+    except OSError as exc:  # the disk is full: a failure of the machine, not the probe
+        if sink is not None:
+            with contextlib.suppress(OSError):
+                sink.close()
+        raise InfrastructureError(
+            f"cannot write the probe's log {log} ({exc.strerror or exc}); free space "
+            "there, then `bisect resume`"
+        ) from None
+    return sink
+
+
+def _taker(
+    streams: Mapping[int, tuple[_Tail, LineRedactor]], sink: BinaryIO | None, log: Path | None
+) -> Callable[[int], bool]:
+    """What reads a pipe: its tail kept, all of it to ``sink`` (redacted) when given."""
 
     def take(fd: int) -> bool:
         """Read what ``fd`` has; False at its EOF."""
@@ -255,35 +301,16 @@ def run_group(
                 ) from None
         return True
 
-    exited = False
-    try:
-        with track(proc.pid) if track is not None else contextlib.nullcontext():
-            try:
-                exited = _read_until_exit(proc.pid, streams, take, timeout_s)
-            finally:
-                _end_group(proc, label, exited)
-        _drain(streams, take)  # what it wrote before the group was ended
-    finally:
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        if sink is not None:
-            with contextlib.suppress(OSError, ValueError):
-                for _, redactor in streams.values():
-                    sink.write(redactor.flush())
-            with contextlib.suppress(OSError):  # a full disk: said by what fails next
-                sink.close()
-    tails = [tail for tail, _ in streams.values()]
-    out = tails[0]
-    err = tails[1] if len(tails) > 1 else None
-    return Finished(
-        proc.returncode if exited else None,
-        out.text(),
-        err.text() if err is not None else "",
-        sum(t.total for t in tails),
-        sum(min(len(t.data), t.limit) for t in tails),
-        log,
-    )
+    return take
+
+
+def _close_log(sink: BinaryIO, streams: Mapping[int, tuple[_Tail, LineRedactor]]) -> None:
+    """What the redactors still hold written, then the log closed."""
+    with contextlib.suppress(OSError, ValueError):
+        for _, redactor in streams.values():
+            sink.write(redactor.flush())
+    with contextlib.suppress(OSError):  # a full disk: said by what fails next
+        sink.close()
 
 
 def _read_until_exit(

@@ -221,17 +221,7 @@ class State:
             # why, in one line, for an end that turns out untestable (the build's failure, the
             # gate's verdict, the first error of a dead server's log): never the log tail itself
             self.untestable_why.setdefault(pos, one_line(str(entry.get("message") or ""), 300))
-        if seen is Evidence.CANNOT_RUN and detail.get("stage") == "boot":
-            # A server that died before /health may be the candidate's fault or the machine's
-            # (seen on the H200: two vLLM servers profiling one GPU at once left one with
-            # "Available KV cache memory: -0.67 GiB"): the first such failure is no evidence,
-            # the second in a row makes the candidate untestable.
-            failures = self.boot_failures.get((tier, pos), 0) + 1
-            self.boot_failures[(tier, pos)] = failures
-            if failures < BOOT_TRIES:
-                seen = Evidence.NOTHING
-        elif seen is not Evidence.CANNOT_RUN:
-            self.boot_failures.pop((tier, pos), None)
+        seen = self._boot_tries(tier, pos, seen, detail)
         if seen is not Evidence.CANNOT_RUN or detail.get("stage") not in SHARED_STAGES:
             # its artifacts are at hand: the other tier switches to it for free
             for other in (self.strategy, self.narrow):
@@ -243,17 +233,42 @@ class State:
             # faithful tier cannot run it (the op is named in the gate's message).
             self.strategy.mark_untestable(pos)
         if seen is Evidence.NOTHING:
-            # No evidence either way; but a candidate where the probe can never decide
-            # (e.g. the target batch never forms) must not be retried forever.
-            streak = self.inconclusive_streak.get((tier, pos), 0) + 1
-            self.inconclusive_streak[(tier, pos)] = streak
-            if streak >= MAX_INCONCLUSIVE_STREAK:
-                if strategy.summary().total[pos]:
-                    strategy.retire(pos)  # keep the conclusive lifetimes it gave
-                else:
-                    strategy.mark_untestable(pos)
+            self._inconclusive(strategy, tier, pos)
             return
         self.inconclusive_streak[(tier, pos)] = 0
+        self._record(strategy, pos, seen, detail)
+
+    def _boot_tries(
+        self, tier: Tier, pos: int, seen: Evidence, detail: Mapping[str, Any]
+    ) -> Evidence:
+        """``seen``, except that a candidate's first server to die at boot is no evidence."""
+        if seen is Evidence.CANNOT_RUN and detail.get("stage") == "boot":
+            # A server that died before /health may be the candidate's fault or the machine's
+            # (seen on the H200: two vLLM servers profiling one GPU at once left one with
+            # "Available KV cache memory: -0.67 GiB"): the first such failure is no evidence,
+            # the second in a row makes the candidate untestable.
+            failures = self.boot_failures.get((tier, pos), 0) + 1
+            self.boot_failures[(tier, pos)] = failures
+            if failures < BOOT_TRIES:
+                return Evidence.NOTHING
+        elif seen is not Evidence.CANNOT_RUN:
+            self.boot_failures.pop((tier, pos), None)
+        return seen
+
+    def _inconclusive(self, strategy: BayesianStrategy, tier: Tier, pos: int) -> None:
+        """No evidence either way; but a candidate where the probe can never decide (e.g. the
+        target batch never forms) must not be retried forever."""
+        streak = self.inconclusive_streak.get((tier, pos), 0) + 1
+        self.inconclusive_streak[(tier, pos)] = streak
+        if streak >= MAX_INCONCLUSIVE_STREAK:
+            if strategy.summary().total[pos]:
+                strategy.retire(pos)  # keep the conclusive lifetimes it gave
+            else:
+                strategy.mark_untestable(pos)
+
+    def _record(
+        self, strategy: BayesianStrategy, pos: int, seen: Evidence, detail: Mapping[str, Any]
+    ) -> None:
         if seen is Evidence.BUG:
             strategy.record(pos, True)
         elif seen is Evidence.NO_BUG:

@@ -6,13 +6,14 @@ One harness, ``run_design``, drives the bisect design a real run carries out
 through ``designs.drive`` against simulated lifetimes; ``bisect simulate``, ``bisect plan``'s
 estimates (``bisect_tool.plan``) and the accuracy tests all go through it.
 
-A *history* (``History``) says how often a lifetime shows the bug at each candidate, and what
-the right answer is: one flip (``step``: the bad side at p, the good side at q), a given good
-end that is in fact bad (``beyond_good_end``), a bug that a later commit makes worse
-(``rate_step``: issue 38), or a good end that shows the bug now and then while a real flip lies
-inside the range (``flaky_good_end``). Every run ends one of three ways: right, wrong (a named
-commit that is not the answer, or a commit named where the good end is bad), or no answer (the
-search stopped saying what it saw: not wrong, but its lifetimes are counted).
+A *history* (``History``, bisect_tool.simhistories) says how often a lifetime shows the bug at
+each candidate, and what the right answer is: one flip (``step``: the bad side at p, the good
+side at q), a given good end that is in fact bad (``beyond_good_end``), a bug that a later
+commit makes worse (``rate_step``: issue 38), or a good end that shows the bug now and then
+while a real flip lies inside the range (``flaky_good_end``). Every run ends one of three ways:
+right, wrong (a named commit that is not the answer, or a commit named where the good end is
+bad), or no answer (the search stopped saying what it saw: not wrong, but its lifetimes are
+counted).
 
 Costs: a new candidate costs ``cost_new``, each lifetime ``cost_lifetime`` (10 and 1 by default).
 A candidate is paid for once (its artifacts stay cached), so going back to one costs only its
@@ -55,6 +56,16 @@ from bisect_tool.designs import Item, drive
 from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JournalContents
+from bisect_tool.simhistories import (
+    History,
+    Lifetimes,
+    LowerBound,
+    beyond_good_end,
+    flaky_good_end,
+    lower_bound,
+    rate_step,
+    step,
+)
 from bisect_tool.strategy import BayesianStrategy, Costs, Priors
 from bisect_tool.tiers import Tier
 from bisect_tool.values import Direction, Observation, Verdict
@@ -84,77 +95,6 @@ GRID_RATE_STEP = ((30, 17, 0.5, 26, 1.0, 0.0), (64, 30, 0.5, 34, 0.8, 0.01),
 #: each held to <= 1 % wrong
 GRID_FLAKY_GOOD_END = ((30, 1.0, 0.0, 0.5), (64, 0.8, 0.01, 0.5), (512, 0.5, 0.01, 0.5),
                        (64, 1.0, 0.0, 0.8))
-
-
-# -- histories ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class History:
-    """A simulated range: positions ``0 .. n`` in history order (0 the old end); a lifetime at
-    position ``i`` shows the bug with probability ``rates[i]``. ``flip``: the right answer (the
-    first candidate with the new behaviour), or None where the given good end is itself bad
-    (the right answer is then to say so). ``shape``: the history in a few words."""
-
-    rates: tuple[float, ...]
-    direction: Direction
-    flip: int | None
-    shape: str = ""
-
-    @property
-    def n(self) -> int:
-        return len(self.rates) - 1
-
-
-def step(n: int, flip: int, p: float, q: float, direction: Direction = Direction.FIX) -> History:
-    """One flip at ``flip`` (1..n): the bad side at ``p``, the good side at ``q``. The grid
-    searches for a fix, as in the seed: the old side (positions < flip) is bad."""
-    old_bad = direction is Direction.FIX
-    rates = tuple(p if (i < flip) == old_bad else q for i in range(n + 1))
-    return History(rates, direction, flip)
-
-
-def beyond_good_end(n: int, p: float) -> History:
-    """A fix whose given good end is bad too: every position at ``p`` (the flip lies beyond
-    the good end)."""
-    return History((p,) * (n + 1), Direction.FIX, None, "good end bad")
-
-
-def rate_step(n: int, low: tuple[int, float], high: tuple[int, float], q: float) -> History:
-    """A regression whose bug shows at rate ``low[1]`` from position ``low[0]`` and at
-    ``high[1]`` from ``high[0]`` on (a later commit makes it worse; issue 38: 15 % from c17,
-    every lifetime from c26). The first bad commit is ``low[0]``; at 0 the given good end itself
-    is bad."""
-    (a, p1), (b, p2) = low, high
-    if not 0 <= a < b <= n:
-        raise UsageError(f"a rate step needs 0 <= {a} < {b} <= {n}")
-    rates = tuple(q if i < a else p1 if i < b else p2 for i in range(n + 1))
-    return History(rates, Direction.REGRESSION, a or None, f"step {p1:g}@{a} {p2:g}@{b}")
-
-
-def flaky_good_end(n: int, rate: float, flip: int, p: float, q: float) -> History:
-    """A regression with a flip at ``flip`` whose given good end shows the bug in a share
-    ``rate`` of its lifetimes, the commits between clean (issue 30's history, issue 38's rate):
-    the good end is not a good end, and naming the flip would say it is."""
-    rates = (rate, *(q if i < flip else p for i in range(1, n + 1)))
-    return History(rates, Direction.REGRESSION, None, f"good end at {rate:g}")
-
-
-class Lifetimes:
-    """A history's lifetimes, drawn on demand from one random stream, and what they cost."""
-
-    def __init__(self, history: History, rng: np.random.Generator) -> None:
-        self.history, self.rng = history, rng
-        self.count = 0
-        self.candidates: set[int] = set()
-
-    def run(self, position: int) -> bool:
-        self.count += 1
-        self.candidates.add(position)
-        return bool(self.rng.random() < self.history.rates[position])
-
-    def cost(self, costs: Costs) -> float:
-        return self.count * costs.lifetime + len(self.candidates) * costs.new_candidate
 
 
 # -- the product's search on a history -------------------------------------------------------
@@ -332,12 +272,6 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
 
 
 @dataclass(frozen=True)
-class LowerBound:
-    evaluations: float
-    cost: float
-
-
-@dataclass(frozen=True)
 class SimulationResult:
     candidates: int
     p: float
@@ -449,28 +383,6 @@ def _trial(args: tuple[_Settings, int]) -> tuple[dict[str, _Row], float | None]:
     return out, stated
 
 
-def channel_capacity(p: float, q: float) -> float:
-    """Capacity (bits per lifetime) of bad -> Bernoulli(p), good -> Bernoulli(q)."""
-
-    def h(x: float) -> float:
-        return 0.0 if x <= 0 or x >= 1 else -x * math.log2(x) - (1 - x) * math.log2(1 - x)
-
-    best = 0.0
-    for pi in np.linspace(0.001, 0.999, 999):
-        mix = pi * p + (1 - pi) * q
-        best = max(best, h(mix) - pi * h(p) - (1 - pi) * h(q))
-    return best
-
-
-def lower_bound(n: int, p: float, q: float, costs: Costs, error: float = 0.01) -> LowerBound:
-    """Fano: ((1 - Pe) log2 N - h(Pe)) / C lifetimes; a new candidate reveals at most one bit."""
-    h_e = -error * math.log2(error) - (1 - error) * math.log2(1 - error)
-    bits = max((1 - error) * math.log2(n) - h_e, 0.0)
-    lifetimes = bits / channel_capacity(p, q)
-    cost = lifetimes * costs.lifetime + bits * costs.new_candidate
-    return LowerBound(float(lifetimes), float(cost))
-
-
 def _stats(rows: list[_Row]) -> StrategyStats:
     evaluations = np.array([r[1] for r in rows])
     right = sum(1 for r in rows if r[0] is Outcome.RIGHT)
@@ -564,65 +476,3 @@ def simulate(
         good_end_bad=good_end_bad,
         shape=first.shape,
     )
-
-
-def format_result(r: SimulationResult) -> str:
-    """The side-by-side table a user reads."""
-    cell = " (the given good end is bad: right = saying so)" if r.good_end_bad else (
-        f" ({r.shape})" if r.shape else "")
-    lines = [
-        f"N={r.candidates} p={r.p:g} q={r.q:g} trials={r.trials} confidence={r.confidence:g}"
-        + cell,
-        f"{'strategy':<14}{'accuracy':>9}{'95% interval':>15}{'wrong':>7}{'no answer':>10}"
-        f"{'mean evals':>12}{'p95 evals':>11}{'mean cost':>11}",
-    ]
-    for name, s in r.strategies.items():
-        lo, hi = s.accuracy_interval
-        lines.append(
-            f"{name:<14}{s.accuracy:>9.3f}{f'{lo:.3f}-{hi:.3f}':>15}{s.errors:>7}"
-            f"{s.no_answer:>10}{s.mean_evaluations:>12.1f}{s.p95_evaluations:>11.0f}"
-            f"{s.mean_cost:>11.1f}"
-        )
-    lb = r.lower_bound
-    lines.append(
-        f"{'lower bound':<14}{'>=0.99':>9}{'':>15}{'':>7}{'':>10}{lb.evaluations:>12.1f}{'':>11}"
-        f"{lb.cost:>11.1f}"
-    )
-    ratios = r.ratios()
-    b = r.strategies["bayes"]
-    lines.append(
-        f"bayes cost / lower bound = {ratios['bayes_over_lower_bound']:.2f}; "
-        f"bayes cost / classic cost = {ratios['bayes_over_classic']:.2f}; "
-        f"bayes mean stated confidence {r.bayes_reported_confidence:.4f}"
-    )
-    if b.no_answer:
-        lines.append(f"bayes stopped without an answer in {b.no_answer} of {r.trials} runs, "
-                     f"after {b.no_answer_evaluations:.1f} lifetimes on average (not wrong)")
-    if "bayes_over_tiered" in ratios:
-        lines.append(
-            f"lifetimes only (bayes) cost / tiered cost = {ratios['bayes_over_tiered']:.2f} "
-            "(tiered: a deterministic fast probe narrows, lifetimes confirm; its cost counts "
-            "the fast probe's runs)"
-        )
-    return "\n".join(lines)
-
-
-def grid_row(r: SimulationResult) -> str:
-    b, c = r.strategies["bayes"], r.strategies["classic"]
-    ratios = r.ratios()
-    return (
-        f"{r.candidates:>5} {r.p:>4g} {r.q:>5g} {r.trials:>6} {b.accuracy:>6.3f} "
-        f"{b.errors:>5} {b.no_answer:>6} {b.no_answer_evaluations:>6.1f} "
-        f"{b.accuracy_interval[0]:>6.3f} "
-        f"{r.bayes_reported_confidence:>7.4f} {b.mean_evaluations:>7.1f} {b.p95_evaluations:>5.0f} "
-        f"{b.mean_cost:>7.1f} {r.lower_bound.cost:>6.1f} {ratios['bayes_over_lower_bound']:>6.2f} "
-        f"{c.accuracy:>6.3f} {c.mean_cost:>6.1f} {ratios['bayes_over_classic']:>6.2f} "
-        f"{r.strategies['fixed_repeats'].accuracy:>6.3f}"
-        + (f"  {r.shape}" if r.shape else "")
-    )
-
-
-GRID_HEADER = (
-    "    N    p     q trials  b.acc b.err b.none n.eval b.lo95  b.conf  b.eval   p95  b.cost  "
-    "lower  b/low  c.acc c.cost  b/cls  fr.acc"
-)

@@ -12,14 +12,11 @@ from bisect_tool.errors import UsageError
 from bisect_tool.simulate import (
     GRID_FLAKY_GOOD_END,
     GRID_GOOD_END_BAD,
-    GRID_HEADER,
     GRID_N,
     GRID_P,
     GRID_Q,
     GRID_RATE_STEP,
     SimulationResult,
-    format_result,
-    grid_row,
     simulate,
 )
 from bisect_tool.strategy import Costs
@@ -146,3 +143,65 @@ def simulate_command(
             click.echo(grid_row(r))
     if as_json:
         click.echo(json.dumps({"cells": results}, indent=2))
+
+
+def format_result(r: SimulationResult) -> str:
+    """The side-by-side table a user reads."""
+    cell = " (the given good end is bad: right = saying so)" if r.good_end_bad else (
+        f" ({r.shape})" if r.shape else "")
+    lines = [
+        f"N={r.candidates} p={r.p:g} q={r.q:g} trials={r.trials} confidence={r.confidence:g}"
+        + cell,
+        f"{'strategy':<14}{'accuracy':>9}{'95% interval':>15}{'wrong':>7}{'no answer':>10}"
+        f"{'mean evals':>12}{'p95 evals':>11}{'mean cost':>11}",
+    ]
+    for name, s in r.strategies.items():
+        lo, hi = s.accuracy_interval
+        lines.append(
+            f"{name:<14}{s.accuracy:>9.3f}{f'{lo:.3f}-{hi:.3f}':>15}{s.errors:>7}"
+            f"{s.no_answer:>10}{s.mean_evaluations:>12.1f}{s.p95_evaluations:>11.0f}"
+            f"{s.mean_cost:>11.1f}"
+        )
+    lb = r.lower_bound
+    lines.append(
+        f"{'lower bound':<14}{'>=0.99':>9}{'':>15}{'':>7}{'':>10}{lb.evaluations:>12.1f}{'':>11}"
+        f"{lb.cost:>11.1f}"
+    )
+    ratios = r.ratios()
+    b = r.strategies["bayes"]
+    lines.append(
+        f"bayes cost / lower bound = {ratios['bayes_over_lower_bound']:.2f}; "
+        f"bayes cost / classic cost = {ratios['bayes_over_classic']:.2f}; "
+        f"bayes mean stated confidence {r.bayes_reported_confidence:.4f}"
+    )
+    if b.no_answer:
+        lines.append(f"bayes stopped without an answer in {b.no_answer} of {r.trials} runs, "
+                     f"after {b.no_answer_evaluations:.1f} lifetimes on average (not wrong)")
+    if "bayes_over_tiered" in ratios:
+        lines.append(
+            f"lifetimes only (bayes) cost / tiered cost = {ratios['bayes_over_tiered']:.2f} "
+            "(tiered: a deterministic fast probe narrows, lifetimes confirm; its cost counts "
+            "the fast probe's runs)"
+        )
+    return "\n".join(lines)
+
+
+def grid_row(r: SimulationResult) -> str:
+    b, c = r.strategies["bayes"], r.strategies["classic"]
+    ratios = r.ratios()
+    return (
+        f"{r.candidates:>5} {r.p:>4g} {r.q:>5g} {r.trials:>6} {b.accuracy:>6.3f} "
+        f"{b.errors:>5} {b.no_answer:>6} {b.no_answer_evaluations:>6.1f} "
+        f"{b.accuracy_interval[0]:>6.3f} "
+        f"{r.bayes_reported_confidence:>7.4f} {b.mean_evaluations:>7.1f} {b.p95_evaluations:>5.0f} "
+        f"{b.mean_cost:>7.1f} {r.lower_bound.cost:>6.1f} {ratios['bayes_over_lower_bound']:>6.2f} "
+        f"{c.accuracy:>6.3f} {c.mean_cost:>6.1f} {ratios['bayes_over_classic']:>6.2f} "
+        f"{r.strategies['fixed_repeats'].accuracy:>6.3f}"
+        + (f"  {r.shape}" if r.shape else "")
+    )
+
+
+GRID_HEADER = (
+    "    N    p     q trials  b.acc b.err b.none n.eval b.lo95  b.conf  b.eval   p95  b.cost  "
+    "lower  b/low  c.acc c.cost  b/cls  fr.acc"
+)

@@ -13,13 +13,10 @@ import pytest
 
 from bisect_tool.artifacts import make_provider
 from bisect_tool.artifacts.download import RetryPolicy
+from bisect_tool.artifacts.pipindex import pip_index_url
 from bisect_tool.artifacts.provider import CachingProvider
-from bisect_tool.artifacts.sources import (
-    LEGACY_WHEEL,
-    _wheel_rank,
-    pip_index_url,
-    release_version,
-)
+from bisect_tool.artifacts.release_source import release_version
+from bisect_tool.artifacts.sources import LEGACY_WHEEL, wheel_rank
 from bisect_tool.artifacts.testing import Fault, WheelServer, make_wheel
 from bisect_tool.errors import ArtifactUnavailable
 from bisect_tool.recipe import ArtifactSettings
@@ -213,7 +210,7 @@ def test_wheel_choice_follows_pips_tag_order_for_the_pinned_stack():
         "vllm-0.26.0-cp312-cp312-manylinux_2_28_x86_64.whl",
         "vllm-0.26.0-cp38-abi3-linux_x86_64.whl",
     ]
-    loadable = sorted(names, key=lambda n: _wheel_rank(n))  # type: ignore[arg-type,return-value]
+    loadable = sorted(names, key=lambda n: wheel_rank(n))  # type: ignore[arg-type,return-value]
     assert loadable == [names[2], names[1], names[3], names[0]]
     for other in (
         "vllm-0.26.0-cp38-abi3-manylinux2014_aarch64.whl",
@@ -223,10 +220,10 @@ def test_wheel_choice_follows_pips_tag_order_for_the_pinned_stack():
         "vllm-0.26.0.tar.gz",
         "not a wheel.whl",
     ):
-        assert _wheel_rank(other) is None, other
+        assert wheel_rank(other) is None, other
     # vLLM's per-commit names carry a local version; the legacy fixed name too is loadable.
-    assert _wheel_rank("vllm-0.11.0rc2.dev55+g1234abc.cu129-cp38-abi3-manylinux1_x86_64.whl")
-    assert _wheel_rank(LEGACY_WHEEL) is not None
+    assert wheel_rank("vllm-0.11.0rc2.dev55+g1234abc.cu129-cp38-abi3-manylinux1_x86_64.whl")
+    assert wheel_rank(LEGACY_WHEEL) is not None
     assert [str(release_version(t)) for t in ("v0.26.0", "0.9.0.post1", "v0.11.0rc2")] == [
         "0.26.0", "0.9.0.post1", "0.11.0rc2"
     ]

@@ -30,7 +30,7 @@ from bisect_tool.artifacts.index import (
     parse_json,
     parse_project_page,
 )
-from bisect_tool.artifacts.sources import _wheel_rank
+from bisect_tool.artifacts.sources import wheel_rank
 from bisect_tool.demo.pinned import SWAP_PATH
 from bisect_tool.errors import ArtifactUnavailable, IncompatibleExtension
 from bisect_tool.runtime.schemas import check_pair, dump_local
@@ -211,7 +211,7 @@ def test_demo_wheels_are_real_wheels_the_pinned_stack_can_pick(demollm_wheels):
     for release in RELEASES:
         path = demollm_wheels.wheels[release.version]
         assert path.name == release.filename
-        assert _wheel_rank(path.name) is not None
+        assert wheel_rank(path.name) is not None
         with zipfile.ZipFile(path) as archive:
             assert archive.testzip() is None
             names = archive.namelist()

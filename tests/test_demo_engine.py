@@ -38,12 +38,12 @@ sys.path.insert(0, str(STACK_DIR))
 from demollm._custom_ops import Kernels  # noqa: E402
 from demollm.engine import (  # noqa: E402
     DeviceTiming,
-    EngineLoop,
     EngineOptions,
     LLMEngine,
     Request,
     SchedulerConfig,
 )
+from demollm.loop import EngineLoop  # noqa: E402
 from demollm.model import DemoModel, ModelConfig  # noqa: E402
 from demollm.server import ApiServer  # noqa: E402
 

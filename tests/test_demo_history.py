@@ -12,7 +12,6 @@ from bisect_tool.demo.history import (
     BAD_TAG,
     CUDA_SWITCH_TIME,
     GOOD_TAG,
-    KERNEL,
     MODEL,
     PIPELINE,
     PLANTED_SUBJECT,
@@ -20,6 +19,7 @@ from bisect_tool.demo.history import (
     generate,
     split_lm_head,
 )
+from bisect_tool.demo.ordinary import KERNEL
 from bisect_tool.demo.pinned import STACK_DIR, ensure_pinned_build, read_op_schemas, run_build
 from bisect_tool.errors import BuildFailed, UsageError
 

@@ -291,7 +291,8 @@ def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.journal import JournalContents
     from bisect_tool.report import build_report, render_markdown
-    from bisect_tool.simulate import Lifetimes, rate_step, search_header
+    from bisect_tool.simhistories import Lifetimes, rate_step
+    from bisect_tool.simulate import search_header
     from bisect_tool.values import Observation, Verdict
 
     history = rate_step(30, (17, 0.15), (26, 1.0), 0.0)
@@ -337,7 +338,8 @@ def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.journal import JournalContents
     from bisect_tool.report import build_report, render_markdown
-    from bisect_tool.simulate import Lifetimes, search_header, step
+    from bisect_tool.simhistories import Lifetimes, step
+    from bisect_tool.simulate import search_header
     from bisect_tool.values import Direction, Observation, Verdict
 
     history = step(30, 12, 1.0, 0.0, Direction.REGRESSION)

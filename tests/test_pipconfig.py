@@ -19,8 +19,8 @@ from gitrepos import run_cli
 from wheelindex import PACKAGE, DemoIndex, IndexEntry
 
 from bisect_tool.artifacts.download import Downloader, RetryPolicy
+from bisect_tool.artifacts.pipindex import PYPI, PipIndexes, pip_config
 from bisect_tool.artifacts.releases import fetch_listing, list_releases
-from bisect_tool.artifacts.sources import PYPI, PipIndexes, pip_config
 from bisect_tool.errors import NoAnswer
 
 TAG = "py3-none-linux_x86_64"  # what pip accepts on this machine: it filters by tag

@@ -10,12 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from bisect_tool.errors import UsageError
-from bisect_tool.simulate import (
-    channel_capacity,
-    lower_bound,
-    simulate,
-    wilson_interval,
-)
+from bisect_tool.simhistories import channel_capacity, lower_bound
+from bisect_tool.simulate import simulate, wilson_interval
 from bisect_tool.simulate_cli import simulate_command
 from bisect_tool.strategy import Costs
 
@@ -137,7 +133,8 @@ def test_a_quiet_bad_end_stops_the_simulated_search_as_it_stops_a_run() -> None:
     an answer (the hand copy searched on to its budget), and ``simulate`` counts such runs
     apart from the wrong answers, with the lifetimes they took."""
     from bisect_tool.recipe import SearchSettings
-    from bisect_tool.simulate import History, Lifetimes, Outcome, run_design, search_header
+    from bisect_tool.simhistories import History, Lifetimes
+    from bisect_tool.simulate import Outcome, run_design, search_header
     from bisect_tool.values import Direction
     from bisect_tool.verdict import EndState
 
@@ -162,7 +159,8 @@ def test_a_good_end_that_fails_every_lifetime_is_said_so_not_explained_away() ->
 
 
 def test_the_harness_names_the_flip_of_a_history_in_either_direction() -> None:
-    from bisect_tool.simulate import Lifetimes, Outcome, run_design, search_header, step
+    from bisect_tool.simhistories import Lifetimes, step
+    from bisect_tool.simulate import Outcome, run_design, search_header
     from bisect_tool.values import Direction
 
     for direction in Direction:

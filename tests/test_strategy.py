@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_tool.simulate import Lifetimes, Outcome, run_design, search_header, step
+from bisect_tool.simhistories import Lifetimes, step
+from bisect_tool.simulate import Outcome, run_design, search_header
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
 from bisect_tool.strategy.evidence import Evidence
 from bisect_tool.strategy.information import Plan, expected_information, plan_values

@@ -2,7 +2,9 @@
 sides of it, and the run falls back to the plain search when the fast probe is no stand-in.
 
 Scripted evaluators stand in for the op probe and the server (the real ones run in
-tests/test_tiered_demo.py); the journal, the phases and the loop are the real ones.
+tests/test_tiered_demo.py); the journal, the phases and the loop are the real ones. With
+several slots (controls beside the fast probe, the confirm step's slots, the gates' sweep):
+tests/test_tiers_slots.py.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import numpy as np
 import pytest
 
 from bisect_tool import session
-from bisect_tool.designs import Finish, Record
 from bisect_tool.journal import Journal, read
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipe import Recipe, SearchSettings
@@ -30,7 +31,7 @@ from bisect_tool.tiers import DISAGREE_AT, Phase, Tier, mixture_prior, stand_in_
 from bisect_tool.values import Direction, Observation, Verdict
 
 
-def _range(n: int, direction: Direction = Direction.FIX) -> CommitRange:
+def make_range(n: int, direction: Direction = Direction.FIX) -> CommitRange:
     shas = [f"{i:040x}" for i in range(1, n + 1)]
     old, new = shas[0], shas[-1]
     good, bad = (new, old) if direction is Direction.FIX else (old, new)
@@ -38,7 +39,7 @@ def _range(n: int, direction: Direction = Direction.FIX) -> CommitRange:
                        tuple(Candidate(s, f"commit {i}") for i, s in enumerate(shas)))
 
 
-def _header(rng: CommitRange, narrow: str = "op", **search: Any) -> dict[str, Any]:
+def tier_header(rng: CommitRange, narrow: str = "op", **search: Any) -> dict[str, Any]:
     recipe = Recipe("t").to_dict()
     recipe["probe"]["narrow"] = narrow
     recipe["search"].update(search)
@@ -74,12 +75,12 @@ class Scripted:
                            lifetime_id, detail, "", self.seconds)
 
 
-def _run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any,
+def run_tiers(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any,
          parallel: int = 1, controls: Any = None, **search: Any) -> tuple[dict[str, Any], Path]:
     """The tiered bisect over ``rng``; with ``controls``, the recipe asks for them too."""
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
-        header = _header(rng, **search)
+        header = tier_header(rng, **search)
         if controls is not None:
             header["recipe"]["probe"]["controls"] = True
             evaluators = Evaluators(faithful, parallel, controls, narrow=narrow)
@@ -92,12 +93,12 @@ def _run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any,
 
 
 def test_narrow_then_confirm_names_the_flip_with_lifetimes_only_beside_it(tmp_path: Path) -> None:
-    rng = _range(120)
+    rng = make_range(120)
     shas = [c.sha for c in rng.candidates]
     flip = 71
     narrow = Scripted(shas, flip, 1.0)
     faithful = Scripted(shas, flip, 0.5, seed=3)
-    summary, path = _run(tmp_path, rng, narrow, faithful, confidence=0.99)
+    summary, path = run_tiers(tmp_path, rng, narrow, faithful, confidence=0.99)
     assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
     assert summary["confidence"] >= 0.99
     contents = read(path)
@@ -119,11 +120,11 @@ def test_narrow_then_confirm_names_the_flip_with_lifetimes_only_beside_it(tmp_pa
 def test_a_fast_probe_that_flips_elsewhere_falls_back_and_still_finds_the_flip(
     tmp_path: Path,
 ) -> None:
-    rng = _range(60)
+    rng = make_range(60)
     shas = [c.sha for c in rng.candidates]
     narrow = Scripted(shas, 20, 1.0)  # the stand-in flips at 20; the bug really at 41
     faithful = Scripted(shas, 41, 0.7, seed=5)
-    summary, path = _run(tmp_path, rng, narrow, faithful, confidence=0.99)
+    summary, path = run_tiers(tmp_path, rng, narrow, faithful, confidence=0.99)
     contents = read(path)
     phases = [p["phase"] for p in contents.of_type("phase")]
     assert phases == ["confirm", "faithful"]
@@ -151,22 +152,22 @@ def test_after_a_fall_back_a_quiet_bad_end_does_not_end_the_run_as_nothing_to_bi
     """The confirm step already saw the bug inside the range, so the bad end's silence is luck
     (p = 0.3 leaves a bad end quiet for 16 lifetimes 0.3 % of the time), not "nothing to bisect":
     the search is not made to wait for the bad end and still names the flip."""
-    rng = _range(60)
+    rng = make_range(60)
     shas = [c.sha for c in rng.candidates]
     narrow = Scripted(shas, 20, 1.0)  # the stand-in flips at 20; the bug really at 41
     faithful = QuietBadEnd(shas, 41, 0.7, seed=5)
-    summary, path = _run(tmp_path, rng, narrow, faithful, confidence=0.99)
+    summary, path = run_tiers(tmp_path, rng, narrow, faithful, confidence=0.99)
     assert [p["phase"] for p in read(path).of_type("phase")] == ["confirm", "faithful"]
     assert summary["state"] == "done" and summary["flip_commit"] == shas[41]
     assert faithful.calls.count(shas[0]) < 4  # checked, not hammered
 
 
 def test_a_fast_probe_that_never_shows_the_bug_hands_over_to_lifetimes(tmp_path: Path) -> None:
-    rng = _range(30)
+    rng = make_range(30)
     shas = [c.sha for c in rng.candidates]
     narrow = Scripted(shas, 0, 1.0)  # nothing is bad for it
     faithful = Scripted(shas, 12, 1.0)
-    summary, path = _run(tmp_path, rng, narrow, faithful)
+    summary, path = run_tiers(tmp_path, rng, narrow, faithful)
     phase = read(path).of_type("phase")
     assert [p["phase"] for p in phase] == ["faithful"]
     assert "could not narrow" in phase[0]["message"] and "never showed the bug" in phase[0][
@@ -180,13 +181,13 @@ def test_a_fast_probe_that_never_shows_the_bug_hands_over_to_lifetimes(tmp_path:
 def test_a_side_the_gate_rejects_moves_the_confirmation_outward(tmp_path: Path) -> None:
     """The fast probe runs on every candidate; the gate's verdict rides along, and the confirm
     step uses the nearest candidate the pinned stack accepts (a block answer, as git gives)."""
-    rng = _range(40)
+    rng = make_range(40)
     shas = [c.sha for c in rng.candidates]
     flip = 25
     rejected = {shas[flip - 1]: {"gate": "op _C::rms_norm changed"}}
     narrow = Scripted(shas, flip, 1.0, detail=rejected)
     faithful = Scripted(shas, flip, 1.0)
-    summary, path = _run(tmp_path, rng, narrow, faithful)
+    summary, path = run_tiers(tmp_path, rng, narrow, faithful)
     confirm = read(path).of_type("phase")[0]
     assert (confirm["bad_side"], confirm["good_side"]) == (flip - 2, flip)
     assert shas[flip - 1] not in faithful.calls
@@ -195,12 +196,12 @@ def test_a_side_the_gate_rejects_moves_the_confirmation_outward(tmp_path: Path) 
 
 
 def test_resume_in_the_confirm_step_carries_on_where_it_stopped(tmp_path: Path) -> None:
-    rng = _range(50)
+    rng = make_range(50)
     shas = [c.sha for c in rng.candidates]
     narrow, faithful = Scripted(shas, 30, 1.0), Scripted(shas, 30, 0.5, seed=1)
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
-        journal.append(_header(rng))
+        journal.append(tier_header(rng))
         state = session.replay(read(path))
 
         class Crash(Exception):
@@ -225,11 +226,11 @@ def test_resume_in_the_confirm_step_carries_on_where_it_stopped(tmp_path: Path) 
 
 
 def test_the_run_prices_candidates_and_lifetimes_by_what_it_measured(tmp_path: Path) -> None:
-    rng = _range(20)
+    rng = make_range(20)
     shas = [c.sha for c in rng.candidates]
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
-        journal.append(_header(rng, cost_new_candidate=10.0, cost_lifetime=1.0))
+        journal.append(tier_header(rng, cost_new_candidate=10.0, cost_lifetime=1.0))
         state = session.replay(read(path))
         assert state.measured_costs(Tier.FAITHFUL).new_candidate == 10.0  # the recipe's guess
         for n, (sha, total, artifact) in enumerate(
@@ -329,7 +330,7 @@ def test_mixture_prior_and_the_stand_in_posterior() -> None:
 def test_one_server_that_dies_before_health_is_retried_not_a_verdict() -> None:
     """A boot failure may be the machine's (two servers profiling one GPU); the candidate is
     untestable only after a second one in a row."""
-    rng = _range(10)
+    rng = make_range(10)
     state = session.replay(read_header(rng))
     sha = rng.candidates[5].sha
 
@@ -346,7 +347,7 @@ def test_one_server_that_dies_before_health_is_retried_not_a_verdict() -> None:
 def read_header(rng: CommitRange) -> Any:
     from bisect_tool.journal import JournalContents
 
-    return JournalContents(_header(rng, narrow=""), ())
+    return JournalContents(tier_header(rng, narrow=""), ())
 
 
 def test_the_deterministic_fast_probe_runs_each_candidate_once_and_splits_in_three(
@@ -354,12 +355,12 @@ def test_the_deterministic_fast_probe_runs_each_candidate_once_and_splits_in_thr
 ) -> None:
     """The op check gives the same rows in every run: with two slots it runs the two ends, then
     two candidates at a time that cut the range in three, never one candidate twice."""
-    rng = _range(120)
+    rng = make_range(120)
     shas = [c.sha for c in rng.candidates]
     flip = 71
     narrow = Scripted(shas, flip, 1.0)
     faithful = Scripted(shas, flip, 0.5, seed=3)
-    summary, path = _run(tmp_path, rng, narrow, faithful, parallel=2, confidence=0.99)
+    summary, path = run_tiers(tmp_path, rng, narrow, faithful, parallel=2, confidence=0.99)
     assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
     assert len(narrow.calls) == len(set(narrow.calls))
     # 2 ends + 2 a round over a range that shrinks 3-fold a round (120 -> 1 in 5 rounds);
@@ -375,13 +376,13 @@ def test_with_eight_slots_the_op_check_runs_what_splits_the_range_not_every_cand
     """Issue 39: with 8 slots the op check ran 12 times over 12 candidates on the H100. A round
     runs both ends and splits that cut the range in k + 1, and the next round only what is
     left inside the bracket: 9 runs in 2 rounds here, not 12."""
-    rng = _range(12)
+    rng = make_range(12)
     shas = [c.sha for c in rng.candidates]
     for flip in (3, 4):
         narrow = Scripted(shas, flip, 1.0)
         faithful = Scripted(shas, flip, 0.9, seed=flip)
-        summary, _ = _run(tmp_path / str(flip), rng, narrow, faithful, parallel=8,
-                          confidence=0.99)
+        summary, _ = run_tiers(tmp_path / str(flip), rng, narrow, faithful, parallel=8,
+                               confidence=0.99)
         assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
         assert len(narrow.calls) == len(set(narrow.calls)) <= 9, narrow.calls
         # the second round runs only inside the bracket the first one left
@@ -412,13 +413,13 @@ def test_the_fast_probe_hands_every_flip_of_a_short_range_to_the_confirm_step(
 ) -> None:
     """Wherever the flip lies, a deterministic fast probe narrows to it and the confirm step
     runs lifetimes only beside it (no fall-back for want of a candidate to run)."""
-    rng = _range(32)
+    rng = make_range(32)
     shas = [c.sha for c in rng.candidates]
     for flip in range(1, 32):
         narrow = Scripted(shas, flip, 1.0)
         faithful = Scripted(shas, flip, 0.5, seed=flip)
-        summary, path = _run(tmp_path / str(flip), rng, narrow, faithful, parallel=2,
-                             confidence=0.999)
+        summary, path = run_tiers(tmp_path / str(flip), rng, narrow, faithful, parallel=2,
+                                  confidence=0.999)
         assert summary["state"] == "done" and summary["flip_commit"] == shas[flip], flip
         phases = [p["phase"] for p in read(path).of_type("phase")]
         assert phases == ["confirm"], (flip, phases)
@@ -429,14 +430,14 @@ def test_the_fast_probe_hands_every_flip_of_a_short_range_to_the_confirm_step(
 def test_a_flaky_fast_probe_costs_lifetimes_not_the_answer(tmp_path: Path) -> None:
     """An op check that only shows the bug 60 % of the time brackets a wrong flip; the
     confirm step's lifetimes catch it and the answer is still the bug's flip."""
-    rng = _range(60)
+    rng = make_range(60)
     shas = [c.sha for c in rng.candidates]
     paths = set()
     for seed in range(30, 40):  # seeded: the same runs every time
         narrow = Scripted(shas, 41, 0.6, seed=seed)
         faithful = Scripted(shas, 41, 0.7, seed=10 + seed)
-        summary, path = _run(tmp_path / str(seed), rng, narrow, faithful, parallel=2,
-                             confidence=0.99)
+        summary, path = run_tiers(tmp_path / str(seed), rng, narrow, faithful, parallel=2,
+                                  confidence=0.99)
         assert summary["state"] == "done" and summary["flip_commit"] == shas[41], seed
         paths.add(tuple(p["phase"] for p in read(path).of_type("phase")))
         # a self-contradiction hands over when it shows, not after running every candidate
@@ -450,303 +451,14 @@ def test_a_fast_probe_that_contradicts_itself_hands_over_in_one_line(tmp_path: P
     """The op check shows no bug at a candidate before the fix (9) and the bug at 11, farther
     from the bad end, in one round of two splits: no single flip explains that, so the run
     says so and goes on with lifetimes at once."""
-    rng = _range(20)
+    rng = make_range(20)
     shas = [c.sha for c in rng.candidates]
     narrow = Scripted(shas, 12, 1.0)
     narrow.outcomes = {shas[9]: False}
     faithful = Scripted(shas, 12, 0.7, seed=3)
-    summary, path = _run(tmp_path, rng, narrow, faithful, parallel=2, confidence=0.99)
+    summary, path = run_tiers(tmp_path, rng, narrow, faithful, parallel=2, confidence=0.99)
     assert {shas[9], shas[11]} <= set(narrow.calls)
     phases = read(path).of_type("phase")
     assert [p["phase"] for p in phases] == ["faithful"]
     assert "contradicted itself" in phases[0]["message"]
     assert summary["state"] == "done" and summary["flip_commit"] == shas[12]
-
-
-class _Controls:
-    """Controls that hold until a fast-probe run meets them at ``together`` (so they pass only
-    when they run beside the narrowing), and record which commits they ran on."""
-
-    def __init__(self, together: Any, ran: list[str]) -> None:
-        self.together, self.ran = together, ran
-
-    def __call__(self, commit: str) -> _Controls:
-        self.commit = commit
-        return self
-
-    def run(self) -> dict[str, Any]:
-        self.ran.append(self.commit)
-        if self.together is not None:
-            self.together.wait()
-        return {"type": "controls", "commit": self.commit, "ok": True, "problem": "",
-                "positive": {"verdict": "divergent"}, "negative": {"verdict": "clean"}}
-
-
-def test_the_controls_run_beside_the_fast_probe_once_it_has_checked_both_ends(
-    tmp_path: Path,
-) -> None:
-    """Issue 31: the controls boot a server (a minute of vLLM) while the op check narrows in
-    seconds a run, instead of before the first confirm lifetime. They meet a fast-probe run at
-    a barrier, so the run finishes only if they ran side by side; the controls are journaled
-    among the narrow runs, before the confirm step, on the good end."""
-    import threading
-
-    rng = _range(60)
-    shas = [c.sha for c in rng.candidates]
-    flip = 37
-    together = threading.Barrier(2, timeout=30)
-    met: list[str] = []
-
-    class Narrow(Scripted):
-        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
-            if len(self.calls) >= 2 and not met:  # a run after both ends were checked
-                together.wait()
-                met.append(commit)
-            return super().evaluate(commit, lifetime_id, tags)
-
-    ran: list[str] = []
-    narrow = Narrow(shas, flip, 1.0)
-    faithful = Scripted(shas, flip, 0.8, seed=2)
-    summary, path = _run(tmp_path, rng, narrow, faithful, 1, _Controls(together, ran))
-    assert met and summary["state"] == "done" and summary["flip_commit"] == shas[flip]
-    assert ran == [rng.good]
-    kinds = [e["type"] for e in read(path).entries]
-    assert kinds.index("controls") < kinds.index("phase")
-
-
-def test_ends_the_wrong_way_round_stop_before_the_controls_boot(tmp_path: Path) -> None:
-    """The fast probe shows the bug at the good end and not at the bad one: the run stops in
-    seconds, and no controls server was started for nothing."""
-    rng = _range(30)
-    shas = [c.sha for c in rng.candidates]
-    narrow = Scripted(shas, 0, 1.0)
-    narrow.outcomes = {rng.good: True, rng.bad: False}
-    ran: list[str] = []
-    path = tmp_path / "journal.jsonl"
-    with Journal(path) as journal:
-        journal.append(_header(rng))
-        state = session.replay(read(path))
-        summary = bisect_loop(journal, state, Evaluators(
-            Scripted(shas, 0, 1.0), 1, _Controls(None, ran), narrow=narrow), controls=True)
-    assert summary["state"] == "ends_contradict"
-    assert ran == [] and len(narrow.calls) == 2
-
-
-def test_the_controls_are_journaled_as_they_end_beside_a_running_lifetime(
-    tmp_path: Path,
-) -> None:
-    """Two slots, the controls in the background: they end while a confirm lifetime still
-    runs, and their entry is in the journal then, not once that lifetime has ended too (on
-    the H100 it came 36 s after their server was down: docs/bench/gpu-2026-12-07-h100)."""
-    import threading
-    import time
-
-    rng = _range(30)
-    shas = [c.sha for c in rng.candidates]
-    flip = 17
-    path = tmp_path / "journal.jsonl"
-    confirm_started = threading.Event()
-    seen_while_running: list[bool] = []
-
-    def controls_in() -> bool:
-        return '"type": "controls"' in path.read_text()
-
-    class Faithful(Scripted):
-        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
-            # every lifetime under way when the controls end holds on until their entry is in
-            if not controls_in():
-                confirm_started.set()
-                deadline = time.monotonic() + 10
-                while not controls_in() and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                seen_while_running.append(controls_in())
-            return super().evaluate(commit, lifetime_id, tags)
-
-    class Controls(_Controls):
-        def run(self) -> dict[str, Any]:
-            assert confirm_started.wait(20)  # they end while the first confirm lifetime runs
-            return super().run()
-
-    summary, _ = _run(tmp_path, rng, Scripted(shas, flip, 1.0), Faithful(shas, flip, 0.9, seed=4),
-                      2, Controls(None, []))
-    assert summary["state"] == "done" and summary["flip_commit"] == shas[flip]
-    assert seen_while_running and all(seen_while_running), seen_while_running
-
-
-def _confirming(n: int, flip: int, faithful: Sequence[tuple[int, bool]]) -> session.State:
-    """A tiered run's state in its confirm step: the op check ran every candidate (the bug
-    below ``flip``), the sides are ``flip - 1`` and ``flip``, then ``faithful`` lifetimes
-    (position, divergent) came back."""
-    from bisect_tool.journal import JournalContents
-
-    rng = _range(n)
-    shas = [c.sha for c in rng.candidates]
-
-    def seen(pos: int, lid: str, divergent: bool, **more: Any) -> dict[str, Any]:
-        return {"type": "observation", "lifetime_id": lid, "commit": shas[pos], "position": pos,
-                "verdict": "divergent" if divergent else "clean", "detail": {}, "message": "",
-                "duration_s": 50.0, **more}
-
-    entries = [seen(i, f"op-{i}", i < flip, tier="narrow") for i in range(n)]
-    entries.append({"type": "phase", "phase": "confirm", "message": "",
-                    "bad_side": flip - 1, "good_side": flip})
-    entries += [seen(pos, f"lifetime-{k}", d) for k, (pos, d) in enumerate(faithful)]
-    return session.replay(JournalContents(_header(rng), tuple(entries)))
-
-
-def test_the_confirm_step_starts_what_the_answer_is_expected_to_need_on_both_sides() -> None:
-    """Issue 39, item 1: the confirm step fills the slots with the lifetimes the answer is
-    expected to need, both sides at once. Eight slots at its start: several a side (the bad
-    side's rate needs more than one lifetime; one bad-side lifetime beside seven good-side ones
-    left the bad side to a later round); once two a side are in, the two more it expects, not
-    eight."""
-    from bisect_tool.designs.bisect import BisectDesign
-
-    def started(state: session.State) -> dict[int, int]:
-        step = BisectDesign(state, slots=8).next_step()
-        assert not isinstance(step, (Finish, Record)), step
-        counts: dict[int, int] = {}
-        for item in step.items:
-            counts[item.key[0]] = counts.get(item.key[0], 0) + 1
-        return counts
-
-    first = started(_confirming(10, 5, []))
-    assert first[4] >= 2 and first[5] >= 2 and sum(first.values()) <= 8, first
-    later = started(_confirming(10, 5, [(4, True), (4, True), (5, False), (5, False)]))
-    assert later == {4: 1, 5: 1}, later
-
-
-def test_a_slot_that_comes_back_in_the_confirm_step_takes_the_side_not_under_way() -> None:
-    """Two slots, a bad-side lifetime under way: the slot that came back starts the good side's
-    next lifetime, and none once those under way are expected to end the search."""
-    from bisect_tool.designs import Item
-    from bisect_tool.designs.bisect import BisectDesign
-
-    state = _confirming(10, 5, [(4, True), (5, False)])
-    design = BisectDesign(state, slots=2)
-    bad = state.candidates[4].sha
-    running = Item(str(Tier.FAITHFUL), bad, "running-0", (), (4, Tier.FAITHFUL))
-    work = design.refill([running], 1)
-    assert work is not None and [i.key[0] for i in work.items] == [5]
-    assert all(i.lifetime_id != "running-0" for i in work.items)
-    done_soon = _confirming(10, 5, [(4, True), (4, True), (4, True), *[(5, False)] * 4])
-    running = Item(str(Tier.FAITHFUL), bad, "running-1", (), (4, Tier.FAITHFUL))
-    assert BisectDesign(done_soon, slots=2).refill([running], 1) is None
-
-
-class Gated(Scripted):
-    """A faithful probe that can ask the compatibility gate alone (``interfaces.Gates``): it
-    refuses ``refused`` (the pinned stack lacks an op of theirs), each check taking
-    ``gate_s``; it records how many checks ran at once and whether any lifetime booted while
-    one still ran."""
-
-    def __init__(self, *args: Any, refused: Sequence[str] = (), gate_s: float = 0.2,
-                 **kwargs: Any) -> None:
-        import threading
-
-        super().__init__(*args, **kwargs)
-        self.refused, self.gate_s = set(refused), gate_s
-        self.lock = threading.Lock()
-        self.gating = self.peak = 0
-        self.gated: list[str] = []
-        self.booted_while_gating = False
-
-    def gate_check(self, commit: str, tags: Sequence[str] = ()) -> Observation:
-        import time
-
-        with self.lock:
-            self.gating += 1
-            self.peak = max(self.peak, self.gating)
-        time.sleep(self.gate_s)
-        with self.lock:
-            self.gating -= 1
-            self.gated.append(commit)
-        if commit in self.refused:
-            return Observation(commit, Verdict.UNTESTABLE, f"gate-{commit}", {"stage": "gate"},
-                               "candidate lacks op `_C::rms_norm`", self.gate_s)
-        return Observation(commit, Verdict.CLEAN, f"gate-{commit}", {"stage": "gate"}, "",
-                           self.gate_s)
-
-    def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
-        with self.lock:
-            self.booted_while_gating |= self.gating > 0
-        assert commit not in self.refused, "a release the gate refused booted a lifetime"
-        return super().evaluate(commit, lifetime_id, tags)
-
-
-def _release_run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any, parallel: int,
-                 controls: Any, notes: list[str] | None = None) -> tuple[dict[str, Any], Path]:
-    """A release-level run (``level`` release) with the controls on a slot of their own; the
-    notes it tells its observer go to ``notes``."""
-    from bisect_tool.events import Note
-
-    def observe(event: object) -> None:
-        if notes is not None and isinstance(event, Note):
-            notes.append(event.text)
-
-    path = tmp_path / "journal.jsonl"
-    recipe = Recipe("t").to_dict()
-    recipe["probe"]["narrow"] = "op" if narrow is not None else ""
-    recipe["probe"]["controls"] = True
-    with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe=recipe, mode="recipe", level="release"))
-        state = session.replay(read(path))
-        evaluators = Evaluators(faithful, parallel, controls, narrow=narrow,
-                                controls_beside=True)
-        summary = bisect_loop(journal, state, evaluators, controls=True, observer=observe)
-    return summary, path
-
-
-def test_every_release_is_gated_at_once_before_any_server_boots(tmp_path: Path) -> None:
-    """Issue 39, item 3: with --no-narrow the controls looked for a testable release one at a
-    time (the gate refused three in a row; the controls ended at 361 s of a 406 s run). Now
-    every release is gated at once before the first boot, the refused ones journaled as
-    untestable with the gate's reason, and the controls boot at once on the nearest testable
-    release."""
-    rng = _range(12)
-    shas = [c.sha for c in rng.candidates]
-    refused = shas[9:]  # a fix: the good end is the newest; the three newest are refused
-    faithful = Gated(shas, 5, 1.0, refused=refused)
-    ran: list[str] = []
-    notes: list[str] = []
-    summary, path = _release_run(tmp_path, rng, None, faithful, 2, _Controls(None, ran), notes)
-    assert summary["state"] == "done" and summary["flip_commit"] == shas[5]
-    assert "gating 12 releases at once before any server boots" in notes
-    assert sum(n.startswith("the gate refused") and "rms_norm" in n for n in notes) == 3
-    assert sorted(faithful.gated) == sorted(shas) and faithful.peak >= 4
-    assert not faithful.booted_while_gating
-    assert ran == [shas[8]]  # the controls, once, on the nearest testable release
-    contents = read(path)
-    untestable = contents.of_type("untestable")
-    assert {e["commit"] for e in untestable} == set(refused)
-    assert all(e["stage"] == "gate" and "rms_norm" in e["message"] for e in untestable)
-    assert {e["commit"] for e in contents.of_type("gate")} == set(shas) - set(refused)
-
-
-def test_the_op_check_narrows_beside_the_gates_sweep(tmp_path: Path) -> None:
-    """A tiered release-level run: the op check's runs (they boot no server) go on while the
-    sweep gates every release; the controls and the confirm lifetimes wait for it, and the
-    confirm step's good side skips the refused release."""
-    import threading
-
-    rng = _range(10)
-    shas = [c.sha for c in rng.candidates]
-    flip = 6
-    sweeping = threading.Event()
-
-    class Narrow(Scripted):
-        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
-            if faithful.gating:
-                sweeping.set()
-            return super().evaluate(commit, lifetime_id, tags)
-
-    faithful = Gated(shas, flip, 0.9, seed=2, refused=[shas[flip]], gate_s=0.5)
-    ran: list[str] = []
-    summary, path = _release_run(tmp_path, rng, Narrow(shas, flip, 1.0), faithful, 2,
-                                 _Controls(None, ran))
-    assert sweeping.is_set() and not faithful.booted_while_gating
-    # the refused release and the next one form the block the answer names
-    assert summary["state"] == "done" and summary["flip_block"] == [shas[flip], shas[flip + 1]]
-    assert shas[flip] not in faithful.calls and ran == [shas[-1]]
-    phase = read(path).of_type("phase")[0]
-    assert (phase["bad_side"], phase["good_side"]) == (flip - 1, flip + 1)

@@ -76,14 +76,10 @@ def make_provider(
     from bisect_tool.artifacts.build import SourceBuild
     from bisect_tool.artifacts.cuda import ask_pinned_cuda
     from bisect_tool.artifacts.download import Downloader
+    from bisect_tool.artifacts.pipindex import pip_index_url
     from bisect_tool.artifacts.provider import DEFAULT_LOOKAHEAD, CachingProvider
-    from bisect_tool.artifacts.sources import (
-        LocalSource,
-        ReleaseSource,
-        Source,
-        WheelIndexSource,
-        pip_index_url,
-    )
+    from bisect_tool.artifacts.release_source import ReleaseSource
+    from bisect_tool.artifacts.sources import LocalSource, Source, WheelIndexSource
     from bisect_tool.errors import RecipeError
 
     unknown = [s for s in settings.sources if s not in KNOWN_SOURCES]

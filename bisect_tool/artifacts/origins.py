@@ -46,8 +46,7 @@ NAMES = {
     "source-build": "source build",
     "": "none",
 }
-#: the sources that download (no build machine), and the one that builds
-DOWNLOADS = ("wheel-index", "release")
+#: the source that builds (the others download: no build machine)
 BUILD = "source-build"
 
 
@@ -280,7 +279,8 @@ class _Asker:
 
     def _release(self, tags: tuple[str, ...]) -> str:
         from bisect_tool.artifacts.index import fetch_project_files
-        from bisect_tool.artifacts.sources import ReleaseSource, pip_index_url, release_version
+        from bisect_tool.artifacts.pipindex import pip_index_url
+        from bisect_tool.artifacts.release_source import ReleaseSource, release_version
 
         if not any(release_version(t) for t in tags):
             raise ArtifactUnavailable("the commit carries no release tag")

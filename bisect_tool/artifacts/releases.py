@@ -36,13 +36,8 @@ from packaging.version import InvalidVersion, Version
 
 from bisect_tool.artifacts.download import Downloader, RetryPolicy
 from bisect_tool.artifacts.index import IndexFile, project_url
-from bisect_tool.artifacts.sources import (
-    PipIndexes,
-    _wheel_rank,
-    indexes_for,
-    list_files,
-    place_problem,
-)
+from bisect_tool.artifacts.pipindex import PipIndexes, indexes_for, list_files, place_problem
+from bisect_tool.artifacts.sources import wheel_rank
 from bisect_tool.errors import ArtifactUnavailable, RangeError
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.values import Direction
@@ -99,7 +94,7 @@ class Release:
     def loadable(self) -> bool:
         """Has a wheel the pinned stack can load (CPython 3.12, manylinux x86_64). A release
         listed from the artifact cache has no files: False, though its swap set is cached."""
-        return any(_wheel_rank(f.filename) is not None for f in self.files)
+        return any(wheel_rank(f.filename) is not None for f in self.files)
 
     @property
     def is_prerelease(self) -> bool:
@@ -421,7 +416,7 @@ def fetch_listing(package: str, index_url: str, cache_root: Path) -> ReleaseList
 def release_aliases(package: str, tags: Iterable[str]) -> list[str]:
     """The release ids a commit's release tags stand for (``v0.26.0`` -> ``vllm-0.26.0``): a
     commit-level bisect finds the swap set a release-level one cached under that id."""
-    from bisect_tool.artifacts.sources import release_version
+    from bisect_tool.artifacts.release_source import release_version
 
     found = []
     for tag in tags:

@@ -4,9 +4,7 @@ the next source and, if all fail, lists every reason)."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -14,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 from urllib.parse import urljoin, urlsplit
-from urllib.request import url2pathname
 
 from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -28,9 +25,9 @@ from bisect_tool.artifacts.cuda import (
     PinnedCuda,
     variant_major,
 )
-from bisect_tool.artifacts.download import Downloader, GaveUp, NotFound, RangesIgnored
+from bisect_tool.artifacts.download import Downloader, NotFound, RangesIgnored
 from bisect_tool.artifacts.extract import ExtractedFile
-from bisect_tool.artifacts.index import IndexFile, fetch_project_files, parse_html
+from bisect_tool.artifacts.index import parse_html
 from bisect_tool.artifacts.members import fetch_members
 from bisect_tool.errors import ArtifactUnavailable
 from bisect_tool.values import short
@@ -101,7 +98,12 @@ class Source(Protocol):
         ...
 
 
-def _wheel_rank(filename: str) -> int | None:
+def target_python() -> str:
+    """The CPython the wheels are chosen for, in words ("3.12")."""
+    return ".".join(map(str, TARGET_PYTHON))
+
+
+def wheel_rank(filename: str) -> int | None:
     """Sort key (lower is better) of a wheel the pinned stack can load: the rank of its best
     tag among ``target_tags()``, as pip ranks them. None for a wheel it cannot load (another
     platform or Python) or a file that is not a wheel."""
@@ -113,7 +115,7 @@ def _wheel_rank(filename: str) -> int | None:
     return min(ranks, default=None)
 
 
-def _download_name(commit: str, url: str, cache_downloads: Path) -> Path:
+def download_name(commit: str, url: str, cache_downloads: Path) -> Path:
     # Stable name per commit and file so a later run resumes a partial left by a crash.
     return cache_downloads / f"{short(commit)}-{url.rsplit('/', 1)[-1].replace('%2B', '+')}"
 
@@ -235,7 +237,7 @@ class WheelIndexSource:
             if not isinstance(entry, dict):
                 continue
             filename = str(entry.get("filename", ""))
-            rank = _wheel_rank(filename)
+            rank = wheel_rank(filename)
             if rank is None or not entry.get("path"):
                 continue
             name = entry.get("package_name")
@@ -244,7 +246,8 @@ class WheelIndexSource:
             ranked.append((rank, filename, urljoin(meta_url, str(entry["path"])), entry))
         if not ranked:
             raise ArtifactUnavailable(
-                f"{meta_url} lists no wheel for CPython {_target()} on manylinux {TARGET_ARCH}"
+                f"{meta_url} lists no wheel for CPython {target_python()} on manylinux "
+                f"{TARGET_ARCH}"
             )
         _, _, url, entry = min(ranked, key=lambda r: (r[0], r[1]))
         return entry, url
@@ -363,7 +366,7 @@ class WheelIndexSource:
                 else:
                     return Fetched("members", work, choice.url, members=got.files,
                                    wheel_size=got.wheel_size)
-            dest = _download_name(commit, choice.url, self.downloads)
+            dest = download_name(commit, choice.url, self.downloads)
             # The index publishes no hashes: the wheel's own zip CRCs still catch a damage.
             self.downloader.download(choice.url, dest)
         except NotFound:
@@ -387,313 +390,6 @@ def _same_cuda(have: str, want: str) -> bool:
         return True
     major = variant_major(have)
     return major is not None and major == variant_major(want)
-
-
-PYPI = "https://pypi.org/simple"
-
-
-@dataclass(frozen=True)
-class PipIndexes:
-    """Where pip looks for a package: its index, the extra indexes, the find-links locations
-    (folders of wheels, or pages of links), and whether ``no-index`` switches the indexes off."""
-
-    index_url: str = PYPI
-    extra_index_urls: tuple[str, ...] = ()
-    find_links: tuple[str, ...] = ()
-    no_index: bool = False
-
-    @property
-    def indexes(self) -> tuple[str, ...]:
-        return () if self.no_index else (self.index_url, *self.extra_index_urls)
-
-    def describe(self) -> str:
-        """The places in words: "https://a/simple, https://b/simple and find-links /w"."""
-        places = [*self.indexes, *(f"find-links {f}" for f in self.find_links)]
-        if len(places) <= 1:
-            return places[0] if places else "no index (pip's no-index, and no find-links)"
-        return ", ".join(places[:-1]) + f" and {places[-1]}"
-
-
-_TRUE = {"y", "yes", "t", "true", "on", "1"}
-
-
-def _pip_name(name: str) -> str:
-    # pip's own normalisation (configuration._normalize_name): INDEX_URL, --index-url and
-    # index_url all name index-url.
-    return name.lower().replace("_", "-").removeprefix("--")
-
-
-def _pip_command() -> list[str] | None:
-    """How to run the user's pip: the tool's own interpreter's (``python -m pip``), else the
-    ``pip`` on PATH (a tool installed without pip, as ``uv tool`` does); None without one."""
-    import importlib.util
-    import shutil
-
-    if importlib.util.find_spec("pip") is not None:
-        return [sys.executable, "-m", "pip"]
-    found = shutil.which("pip3") or shutil.which("pip")
-    return [found] if found else None
-
-
-def pip_settings(
-    env: Mapping[str, str] | None = None, home: Path | None = None
-) -> dict[str, str]:
-    """What pip's configuration says for ``pip install``, asked of pip itself (``pip config
-    list`` under ``env``, HOME as ``home``): its merged files' [global] then [install] values,
-    then the ``PIP_*`` environment variables (``:env:``) over both, the order in which pip's
-    option parser applies them. Keys are pip's option names (``index-url``). Without a pip to
-    ask, the ``PIP_*`` variables alone (no pip, no pip.conf read by it)."""
-    import ast
-    import subprocess
-
-    env = dict(os.environ if env is None else env)
-    if home is not None:
-        env["HOME"] = str(home)
-    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-    items: dict[str, str] = {}
-    command = _pip_command()
-    done = None
-    if command is not None:
-        try:
-            done = subprocess.run([*command, "config", "list"], capture_output=True, text=True,
-                                  env=env, timeout=60, check=False)
-        except (OSError, subprocess.SubprocessError):
-            done = None
-    if done is not None and done.returncode == 0:
-        for line in done.stdout.splitlines():
-            key, sep, value = line.partition("=")
-            if not sep or "." not in key:
-                continue
-            try:
-                items[key] = str(ast.literal_eval(value))  # pip prints each value's repr
-            except (ValueError, SyntaxError):
-                items[key] = value.strip("'\"")
-    else:
-        items = {f":env:.{_pip_name(k[4:])}": v for k, v in env.items()
-                 if k.startswith("PIP_") and k not in ("PIP_VERSION", "PIP_HELP")}
-    out: dict[str, str] = {}
-    for section in ("global", "install", ":env:"):
-        out.update({_pip_name(k.split(".", 1)[1]): v for k, v in items.items()
-                    if k.split(".", 1)[0] == section})
-    return out
-
-
-def pip_config(env: Mapping[str, str] | None = None, home: Path | None = None) -> PipIndexes:
-    """The indexes and find-links locations ``pip install`` would use (see ``pip_settings``)."""
-    settings = pip_settings(env, home)
-    return PipIndexes(
-        index_url=settings.get("index-url", "").strip() or PYPI,
-        extra_index_urls=tuple(settings.get("extra-index-url", "").split()),
-        find_links=tuple(settings.get("find-links", "").split()),
-        no_index=settings.get("no-index", "").strip().lower() in _TRUE,
-    )
-
-
-def pip_index_url(env: Mapping[str, str] | None = None, home: Path | None = None) -> str:
-    """The index the user's pip uses ($PIP_INDEX_URL, else index-url from pip's config files,
-    else PyPI): where release wheels are listed unless the recipe or --index-url names one."""
-    return pip_config(env, home).index_url
-
-
-def indexes_for(index_url: str) -> PipIndexes:
-    """Every place pip would look when ``index_url`` is pip's own index (nobody named another:
-    its extra indexes and find-links count too, as they do for ``pip install``); else the
-    index that was named, alone."""
-    config = pip_config()
-    if index_url.rstrip("/") == config.index_url.rstrip("/"):
-        return config
-    return PipIndexes(index_url)
-
-
-@dataclass(frozen=True)
-class Listed:
-    """What the places of a ``PipIndexes`` hold for one package."""
-
-    files: tuple[IndexFile, ...]
-    pages: tuple[str, ...]  # what was read: page URLs and folders
-    missing: tuple[str, ...] = ()  # indexes that have no such project (404, no folder)
-    unreachable: tuple[tuple[str, str], ...] = ()  # (place, why) that could not be read
-
-
-def local_path(location: str) -> Path | None:
-    """The local path a ``file:`` URL or a plain path names; None for an http(s) URL."""
-    parts = urlsplit(location)
-    if parts.scheme == "file":
-        return Path(url2pathname(parts.path))
-    if parts.scheme in ("http", "https"):
-        return None
-    return Path(location).expanduser()
-
-
-def place_problem(location: str) -> str:
-    """Why pip could not read ``location`` as an index or find-links place ("" if it can)."""
-    parts = urlsplit(location)
-    if parts.scheme in ("http", "https"):
-        return "" if parts.netloc else "has no host"
-    if parts.scheme == "file" or Path(location).expanduser().exists():
-        return ""
-    return "is not an http(s) or file:// URL, nor an existing path"
-
-
-def _local_files(path: Path, page: str) -> list[IndexFile]:
-    """A find-links folder (every file in it) or a local page of links (.html)."""
-    if path.is_dir():
-        return [IndexFile(f.name, f.resolve().as_uri()) for f in sorted(path.iterdir())
-                if f.is_file()]
-    if path.suffix.lower() in (".html", ".htm"):
-        return parse_html(path.read_text(encoding="utf-8", errors="replace"), page)
-    return [IndexFile(path.name, path.resolve().as_uri())]
-
-
-def list_files(downloader: Downloader, places: PipIndexes, package: str) -> Listed:
-    """Every file of ``package`` in every place pip would look, merged (PEP 503/691 pages of
-    the indexes, a ``file://`` index's ``<project>/index.html``, find-links folders and
-    pages). A place that cannot be read is noted, not fatal: pip goes on with the others."""
-    files: list[IndexFile] = []
-    pages: list[str] = []
-    missing: list[str] = []
-    unreachable: list[tuple[str, str]] = []
-    for index in places.indexes:
-        path = local_path(index)
-        if path is None:
-            try:
-                found, page = fetch_project_files(downloader, index, package)
-            except NotFound:
-                missing.append(index)
-                continue
-            except GaveUp as exc:
-                unreachable.append((index, exc.message))
-                continue
-            files += found
-            pages.append(page)
-            continue
-        project = path / canonicalize_name(package)
-        page_file = project / "index.html"
-        if not page_file.is_file():
-            missing.append(index)
-            continue
-        try:
-            files += parse_html(page_file.read_text(encoding="utf-8", errors="replace"),
-                                project.resolve().as_uri() + "/")
-        except OSError as exc:
-            unreachable.append((index, exc.strerror or str(exc)))
-            continue
-        pages.append(str(page_file))
-    for link in places.find_links:
-        path = local_path(link)
-        try:
-            if path is None:
-                response = downloader.get(link, headers={"Accept": "text/html"})
-                files += parse_html(response.text, str(response.url))
-                pages.append(str(response.url))
-            elif path.exists():
-                files += _local_files(path, path.resolve().as_uri())
-                pages.append(str(path))
-            else:
-                missing.append(link)
-        except NotFound:
-            missing.append(link)
-        except GaveUp as exc:
-            unreachable.append((link, exc.message))
-        except OSError as exc:
-            unreachable.append((link, exc.strerror or str(exc)))
-    return Listed(tuple(files), tuple(pages), tuple(missing), tuple(unreachable))
-
-
-def release_version(tag: str) -> Version | None:
-    """The release a tag names (``v0.26.0`` -> 0.26.0, ``v0.11.0rc2`` -> 0.11.0rc2), None for
-    tags that name none: not a PEP 440 version, or a dev or local one (no index publishes those
-    as releases)."""
-    try:
-        version = Version(tag.removeprefix("v"))
-    except InvalidVersion:
-        return None
-    if version.is_devrelease or version.local is not None or len(version.release) < 2:
-        return None
-    return version
-
-
-def _target() -> str:
-    return ".".join(map(str, TARGET_PYTHON))
-
-
-class ReleaseSource:
-    """Commits that carry a release tag (``v0.26.0``): the release wheel from the simple index
-    (PEP 691 JSON, or PEP 503 HTML), sha256 from the index."""
-
-    name = "release"
-
-    def __init__(
-        self, index_url: str, package: str, downloader: Downloader, downloads: Path
-    ) -> None:
-        self.index = index_url.rstrip("/")
-        self.package = package
-        self.downloader = downloader
-        self.downloads = downloads
-
-    def _files(self) -> list[IndexFile]:
-        """Every file of the package where pip would look for it (``indexes_for``): the
-        index's project page (JSON, or HTML), and the extra indexes and find-links of pip's
-        configuration when the index is pip's own."""
-        places = indexes_for(self.index)
-        if places == PipIndexes(self.index):
-            files, _ = fetch_project_files(self.downloader, self.index, self.package)
-            return files
-        return list(list_files(self.downloader, places, self.package).files)
-
-    def fetch(self, commit: str, tags: Sequence[str], work: Path) -> Fetched:
-        url, sha = self.locate(tags)
-        path = local_path(url)
-        if path is not None:  # a file:// index or a find-links folder: no download
-            return Fetched("wheel", path, url, wheel_sha256=_checked(path, url, sha))
-        dest = _download_name(commit, url, self.downloads)
-        self.downloader.download(url, dest, sha256=sha)
-        return Fetched("wheel", dest, url, wheel_sha256=sha, temporary=True)
-
-    def locate(
-        self, tags: Sequence[str], files: Sequence[IndexFile] | None = None
-    ) -> tuple[str, str]:
-        """(URL, sha256) of the release wheel a commit's tags name, from the index's listing
-        (``files``: one already fetched, as `bisect plan` passes for every candidate)."""
-        # Newest release first: a commit tagged both v0.26.0rc3 and v0.26.0 is the final one.
-        versions = sorted({v for t in tags if (v := release_version(t))}, reverse=True)
-        if not versions:
-            raise ArtifactUnavailable("the commit carries no release tag")
-        wanted = canonicalize_name(self.package)
-        wheels = []
-        for file in self._files() if files is None else files:
-            rank = _wheel_rank(file.filename)
-            if rank is None:
-                continue
-            name, version, _, _ = parse_wheel_filename(file.filename)
-            if name == wanted:
-                wheels.append((version, rank, file.filename, file.url, file.sha256))
-        for version in versions:
-            # Version equality is PEP 440's: the tag v0.26 matches a wheel of 0.26.0.
-            ranked = sorted((w[1:] for w in wheels if w[0] == version), key=lambda w: w[0])
-            if ranked:
-                _, _, url, sha = ranked[0]
-                return url, sha
-        raise ArtifactUnavailable(
-            f"{indexes_for(self.index).describe()} has no wheel for CPython {_target()} on "
-            f"manylinux {TARGET_ARCH} of "
-            + " or ".join(f"{self.package}=={v}" for v in versions)
-        )
-
-
-def _checked(path: Path, url: str, sha256: str) -> str:
-    """The sha256 of a local wheel, checked against the one its index published (if any)."""
-    from bisect_tool.artifacts.extract import sha256_file
-
-    try:
-        got = sha256_file(path)
-    except OSError as exc:
-        raise ArtifactUnavailable(f"{url}: cannot be read ({exc.strerror or exc})") from None
-    if sha256 and got != sha256.lower():
-        raise ArtifactUnavailable(
-            f"{url}: sha256 mismatch (index says {sha256[:16]}..., got {got[:16]}...)"
-        )
-    return got
 
 
 class LocalSource:

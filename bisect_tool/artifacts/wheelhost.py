@@ -184,11 +184,6 @@ class WheelHost:
             for hosted in commits:
                 self.commits[hosted.commit] = hosted
 
-    def add_commit(self, commit: str, **kw: object) -> HostedCommit:
-        hosted = HostedCommit(commit, **kw)  # type: ignore[arg-type]
-        self.add(hosted)
-        return hosted
-
     def filename(self, hosted: HostedCommit, variant: str | None, arch: str = "x86_64") -> str:
         """The wheel's name: the default build unsuffixed, a variant's in the local version."""
         version = hosted.base_version
@@ -202,10 +197,6 @@ class WheelHost:
         if hosted.legacy:
             return f"{self.url}/{commit}/{legacy_name(self.package)}"
         return f"{self.url}/{commit}/{quote(self.filename(hosted, variant, arch), safe=':%/')}"
-
-    def metadata_path(self, commit: str, variant: str | None = None) -> str:
-        folder = f"/{commit}/" + (f"{variant}/" if variant else "")
-        return f"{folder}{self.package}/metadata.json"
 
     def _entries(self, hosted: HostedCommit, variant: str | None) -> list[dict[str, object]]:
         """metadata.json of the default folder (``variant`` None) or a variant folder."""
@@ -250,22 +241,30 @@ class WheelHost:
             if rest == [legacy_name(self.package)]:
                 return HostedFile(hosted.commit, "", rest[0]), "application/octet-stream"
             return None
+        if len(rest) == 1 and rest[0].endswith(".whl"):
+            return self._wheel(hosted, rest[0])
+        return self._listing(hosted, rest)
+
+    def _wheel(self, hosted: HostedCommit, name: str) -> tuple[HostedFile, str] | None:
+        """The wheel file ``name`` of ``hosted``'s folder, if it has one."""
+        # the default build (unsuffixed) and each variant's own; the default's alias folder
+        # lists the default build, so no suffixed file of the default's variant exists
+        builds: list[tuple[str | None, str]] = []
+        if hosted.default is not None:
+            builds.append((None, hosted.default))
+        builds += [(v, v) for v in hosted.variants if v != hosted.default]
+        for suffix, build in builds:
+            for arch in hosted.arches:
+                if self.filename(hosted, suffix, arch) == name:
+                    return HostedFile(hosted.commit, build, name), "application/octet-stream"
+        return None
+
+    def _listing(self, hosted: HostedCommit, rest: list[str]) -> tuple[bytes, str] | None:
+        """The page ``rest`` names in ``hosted``'s folder: the folder's index, a variant's, the
+        package's page of links, or its metadata.json."""
         folders: dict[str | None, bool] = {v: True for v in hosted.variants}
         if hosted.default is not None:
             folders[None] = True
-        if len(rest) == 1 and rest[0].endswith(".whl"):
-            # the default build (unsuffixed) and each variant's own; the default's alias folder
-            # lists the default build, so no suffixed file of the default's variant exists
-            builds: list[tuple[str | None, str]] = []
-            if hosted.default is not None:
-                builds.append((None, hosted.default))
-            builds += [(v, v) for v in hosted.variants if v != hosted.default]
-            for suffix, build in builds:
-                for arch in hosted.arches:
-                    if self.filename(hosted, suffix, arch) == rest[0]:
-                        return HostedFile(hosted.commit, build, rest[0]), \
-                            "application/octet-stream"
-            return None
         if rest in ([], ["index.html"]):
             links = [(f"{self.package}/", f"{self.package}/")] if None in folders else []
             links += [(f"{v}/", f"{v}/") for v in sorted(hosted.variants)]

@@ -176,19 +176,8 @@ def start(
     from bisect_tool import run
 
     _check_run_command(run_command)
-    if (test_from is None) != (not test_files):
-        raise UsageError("--test-from REF and --test-file PATH go together (the file(s) to take "
-                         "from REF)")
-    if test_from is not None and run_command is None:
-        raise UsageError("--test-from goes with --run CMD (the command that runs the test at "
-                         "each candidate)")
-    if (pre or include_yanked or index_url) and not releases:
-        raise UsageError("--pre, --include-yanked and --index-url go with --releases")
-    if releases and paths:
-        raise UsageError("--path filters commits; a release-level bisect has none (drop --path)")
-    if releases and mainline and not repo_given():
-        raise UsageError("--mainline places commits; a release-level bisect without --repo has "
-                         "none (drop --mainline, or give --repo CLONE)")
+    _check_pairs(run_command, test_from, test_files, releases, pre, include_yanked, index_url,
+                 paths, mainline)
     release_request = None
     if releases:
         release_request = ReleaseRequest(
@@ -250,6 +239,34 @@ def start(
                                            release_request, observer)
         outcome = run.start(request, observer)
     print_outcome(outcome)
+
+
+
+def _check_pairs(
+    run_command: str | None,
+    test_from: str | None,
+    test_files: tuple[str, ...],
+    releases: bool,
+    pre: bool,
+    include_yanked: bool,
+    index_url: str | None,
+    paths: tuple[str, ...],
+    mainline: str | None,
+) -> None:
+    """The flags that go only with another (or never with it)."""
+    if (test_from is None) != (not test_files):
+        raise UsageError("--test-from REF and --test-file PATH go together (the file(s) to take "
+                         "from REF)")
+    if test_from is not None and run_command is None:
+        raise UsageError("--test-from goes with --run CMD (the command that runs the test at "
+                         "each candidate)")
+    if (pre or include_yanked or index_url) and not releases:
+        raise UsageError("--pre, --include-yanked and --index-url go with --releases")
+    if releases and paths:
+        raise UsageError("--path filters commits; a release-level bisect has none (drop --path)")
+    if releases and mainline and not repo_given():
+        raise UsageError("--mainline places commits; a release-level bisect without --repo has "
+                         "none (drop --mainline, or give --repo CLONE)")
 
 
 def repo_given() -> bool:

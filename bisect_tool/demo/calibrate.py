@@ -49,7 +49,6 @@ from bisect_tool.demo.history import generate
 from bisect_tool.demo.pinned import STACK_DIR, SWAP_PATH, ensure_pinned_build, run_build
 from bisect_tool.errors import BisectError, BootFailed
 from bisect_tool.interfaces import ServerHandle
-from bisect_tool.probes.metrics import STEP_TOKENS, MetricsFormatError, parse
 from bisect_tool.values import Verdict
 
 _PORT = re.compile(r"Starting vLLM API server 0 on http://127\.0\.0\.1:(\d+)")
@@ -250,16 +249,6 @@ def run_lifetime(
     )
 
 
-def _steps_over_255(page: str) -> int:
-    """Engine steps of >= 256 tokens, from the demo's ``le="255.0"`` bucket; -1 if unknown."""
-    try:
-        steps = parse(page).histograms.get(STEP_TOKENS)
-    except MetricsFormatError:
-        return -1
-    small = dict(steps.buckets).get(255.0) if steps else None
-    return -1 if steps is None or small is None else int(steps.count - small)
-
-
 def fixed_tree(workdir: Path) -> Path:
     """A worktree of the generated history's v0.27.0 with its ``_kernels.so`` built."""
     history = generate(workdir / "repo", commits=60)  # the smallest history allowed
@@ -270,11 +259,6 @@ def fixed_tree(workdir: Path) -> Path:
     )
     run_build(tree)
     return tree
-
-
-def fixed_kernels(workdir: Path) -> Path:
-    """``_kernels.so`` built from the generated history's good end (v0.27.0)."""
-    return fixed_tree(workdir) / SWAP_PATH
 
 
 @dataclass(frozen=True)

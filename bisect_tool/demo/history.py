@@ -16,20 +16,33 @@ the switch of the wheels' default CUDA from 12.9 to 13.0 in ``.buildkite/release
 (vLLM PR #39878, 2026-04-15: the demo's dates put it on that day), and exactly one commit that
 pins the RMSNorm block size under ``VLLM_BATCH_INVARIANT`` (vLLM PR #48391). The same seed always
 gives the same commits, byte for byte (fixed dates and authors), so SHAs are stable. Written with
-``git fast-import``: main in one process, then the release branches (whose ``-x`` trailers name
-main's SHAs) in a second.
+``git fast-import`` (demo/fastimport.py): main in one process, then the release branches
+(demo/releases.py; their ``-x`` trailers name main's SHAs) in a second. main's everyday commits
+between the planted ones come from demo/ordinary.py.
 """
 
 from __future__ import annotations
 
 import random
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bisect_tool.demo.fastimport import Builder, append, git
+from bisect_tool.demo.ordinary import (
+    AUTHORS,
+    DOC_FILES,
+    KERNEL,
+    PY_FILES,
+    TOPICS,
+    bump_rev,
+    kernel_note,
+    ordinary_commit,
+    python_change,
+)
 from bisect_tool.demo.pinned import BUILD_COMMAND, STACK_DIR, SWAP_PATH
-from bisect_tool.errors import InfrastructureError, UsageError
+from bisect_tool.demo.releases import RELEASE_COMMITS, bump_to_027, cut_release, keep_version
+from bisect_tool.errors import UsageError
 
 GOOD_TAG = "v0.27.0"  # new end: has the fix
 BAD_TAG = "v0.26.0"  # old end: the pinned stack's sources
@@ -37,7 +50,6 @@ PLANTED_PR = 48391
 PLANTED_SUBJECT = (
     "[Bugfix][Kernel] Fix batch invariance in RMSNorm kernels by pinning block size (#48391)"
 )
-KERNEL = "csrc/layernorm_kernels.c"
 
 _BLOCK_LINE = "  int max_block_size = (num_tokens < 256) ? 1024 : 256;\n"
 _FIXED_BLOCK = (
@@ -45,7 +57,6 @@ _FIXED_BLOCK = (
     "  // how many tokens share the launch (#48391).\n"
     "  int max_block_size = vllm_is_batch_invariant() ? 1024 : ((num_tokens < 256) ? 1024 : 256);\n"
 )
-_NOTES_ANCHOR = '#include "batch_invariant.h"\n'
 
 # The planted Python-side regression, a text edit of the stack's model.py (anchors asserted).
 MODEL = "demollm/model.py"
@@ -76,7 +87,6 @@ _SPLIT_LOGITS = """\
 """
 _SYNTAX_OK = "  return total;\n}\n"
 _SYNTAX_BROKEN = "  return total\n}\n"
-_REV_PREFIX = "#define DEMOLLM_KERNELS_REV "
 _SRC_LIST = '  "csrc/layernorm_kernels.c"\n'
 _ACTIVATION = "csrc/activation_kernels.c"
 _ACTIVATION_SRC = """\
@@ -93,44 +103,6 @@ int silu_and_mul(float *out, const float *input, int64_t num_tokens, int64_t d) 
 }
 """
 
-_AUTHORS = (
-    ("Ada Park", "ada.park@example.com"),
-    ("Bo Lindqvist", "bo@example.org"),
-    ("Chen Wei", "chen.wei@example.net"),
-    ("Dara Okafor", "dokafor@example.com"),
-    ("Eli Sato", "eli.sato@example.org"),
-    ("Farah Haddad", "farah@example.net"),
-)
-_TOPICS = (
-    "scheduler",
-    "sampler",
-    "logprobs",
-    "OpenAI server",
-    "metrics",
-    "prefix caching",
-    "chunked prefill",
-    "detokenizer",
-    "engine core",
-    "KV cache manager",
-    "health check",
-    "request validation",
-    "token ids",
-    "model loader",
-    "CLI args",
-)
-_VERBS = ("Fix", "Refactor", "Simplify", "Clean up", "Improve", "Add tests for", "Speed up")
-_PY_FILES = (
-    "demollm/envs.py",
-    "demollm/sampling_params.py",
-    "demollm/logger.py",
-    "demollm/entrypoints/openai/protocol.py",
-)
-_DOC_FILES = (
-    "docs/usage.md",
-    "docs/features/batch_invariance.md",
-    "docs/serving/metrics.md",
-    "docs/contributing.md",
-)
 _STACK_FILES = ("CMakeLists.txt", "setup.py", "csrc/batch_invariant.h", KERNEL)
 
 # The wheels' build pipeline (vLLM's .buildkite/release-pipeline.yaml): which CUDA the default
@@ -149,9 +121,6 @@ steps:
 CUDA_SWITCH_TIME = 1_776_211_200  # 2026-04-15T00:00:00Z: vLLM PR #39878 merged
 CUDA_SWITCH_SUBJECT = "[Build] Switch default CUDA to 13.0 for the wheels (#{pr})"
 MAINLINE = "main"
-RELEASE_BRANCH = "releases/{tag}"
-#: the release branches' commits: an RC bump, a cherry-pick, the release's bump
-RELEASE_COMMITS = 3
 
 
 def pipeline_text(cuda: str) -> str:
@@ -206,113 +175,14 @@ def _initial_tree() -> dict[str, str]:
         "# demollm\n\nA tiny engine shaped like vLLM: the built-in target of `bisect demo`.\n\n"
         f"Build the compiled extension with `{BUILD_COMMAND}`.\n"
     )
-    for name in _PY_FILES:
+    for name in PY_FILES:
         tree[name] = f'"""{name}: settings and helpers of demollm."""\n'
     tree["demollm/entrypoints/__init__.py"] = ""
     tree["demollm/entrypoints/openai/__init__.py"] = ""
-    for name in _DOC_FILES:
+    for name in DOC_FILES:
         title = Path(name).stem.replace("_", " ").title()
         tree[name] = f"# {title}\n"
     return tree
-
-
-class _Builder:
-    """Collects commits as fast-import commands; every commit writes what changed."""
-
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-        self.out: list[bytes] = []
-        self.mark = 0
-        self.time = CUDA_SWITCH_TIME
-        self.times: dict[int, int] = {}
-        self.pr = 46_100
-        self.trees: dict[int, dict[str, str]] = {}
-        self.subjects: dict[int, str] = {}
-        self.objects = 0
-
-    def next_pr(self) -> int:
-        self.pr += self.rng.randint(3, 14)
-        if self.pr == PLANTED_PR:
-            self.pr += 1
-        return self.pr
-
-    def commit(
-        self,
-        ref: str,
-        subject: str,
-        tree: dict[str, str],
-        parent: int | None,
-        merge: int | None = None,
-        *,
-        at: int | None = None,
-        trailer: str = "",
-    ) -> int:
-        """One commit on ``ref``; ``at`` dates it (default: after the last one), ``trailer``
-        ends its message (a cherry-pick's ``(cherry picked from commit X)``)."""
-        self.mark += 1
-        self.objects += 1
-        if at is None:
-            self.time += self.rng.randint(1_200, 30_000)
-        when = self.time if at is None else at
-        self.times[self.mark] = when
-        name, email = self.rng.choice(_AUTHORS)
-        base = self.trees.get(parent, {}) if parent is not None else {}
-        lines = [f"commit {ref}\nmark :{self.mark}\n".encode()]
-        who = f"{name} <{email}> {when} +0000\n"
-        lines.append(f"author {who}committer {who}".encode())
-        body = f"\n\n{trailer}" if trailer else ""
-        message = f"{subject}{body}\n\nSigned-off-by: {name} <{email}>\n".encode()
-        lines.append(b"data %d\n%s\n" % (len(message), message))
-        if parent is not None:
-            lines.append(f"from :{parent}\n".encode())
-        if merge is not None:
-            lines.append(f"merge :{merge}\n".encode())
-        for path in sorted(set(base) - set(tree)):
-            lines.append(f"D {path}\n".encode())
-        for path in sorted(tree):
-            if base.get(path) != tree[path]:
-                data = tree[path].encode()
-                lines.append(
-                    b"M 100644 inline %s\ndata %d\n%s\n" % (path.encode(), len(data), data)
-                )
-        self.out.append(b"".join(lines) + b"\n")
-        self.trees[self.mark] = dict(tree)
-        self.subjects[self.mark] = subject
-        return self.mark
-
-    def tag(self, name: str, mark: int, message: str) -> None:
-        who = f"Release Bot <release@example.com> {self.times.get(mark, self.time)} +0000\n"
-        data = message.encode()
-        self.out.append(
-            f"tag {name}\nfrom :{mark}\ntagger {who}".encode()
-            + b"data %d\n%s\n" % (len(data), data)
-        )
-
-
-def _append(tree: dict[str, str], path: str, text: str) -> None:
-    tree[path] = tree.get(path, "") + text
-
-
-def _bump_rev(tree: dict[str, str]) -> None:
-    source = tree[KERNEL]
-    start = source.index(_REV_PREFIX) + len(_REV_PREFIX)
-    end = source.index("\n", start)
-    tree[KERNEL] = source[:start] + str(int(source[start:end]) + 1) + source[end:]
-
-
-def _kernel_note(tree: dict[str, str], pr: int, rng: random.Random) -> None:
-    note = rng.choice(
-        (
-            "keep the launcher's heuristics in one place",
-            "lanes beyond hidden_size contribute zeros",
-            "document the reduction order",
-            "the staging buffer is a plain copy",
-            "epsilon is added before the square root",
-        )
-    )
-    tree[KERNEL] = tree[KERNEL].replace(
-        _NOTES_ANCHOR, f"{_NOTES_ANCHOR}// Note (#{pr}): {note}.\n", 1
-    )
 
 
 def split_lm_head(model_text: str, pr: int) -> str:
@@ -328,30 +198,38 @@ def split_lm_head(model_text: str, pr: int) -> str:
     return text.replace(_LOGITS_ANCHOR, _SPLIT_LOGITS.format(pr=pr))
 
 
-def _python_change(tree: dict[str, str], pr: int, rng: random.Random) -> str:
-    path = rng.choice(_PY_FILES)
-    _append(tree, path, f"\n\ndef _pr_{pr}_enabled() -> bool:\n    return {rng.random() < 0.5}\n")
-    return path
+@dataclass(frozen=True)
+class _Plan:
+    """Where main's planted commits fall: indexes into main's first-parent chain (the initial
+    import is 0)."""
+
+    commits: int  # every commit object, branch commits included
+    planted_at: int
+    syntax_at: int  # the build breaks here ...
+    syntax_len: int  # ... and is fixed this many commits later
+    missing_at: int  # a source listed before it exists (added by the next commit)
+    python_at: int
+    switch_at: int
+    taken: frozenset[int]  # the planted positions and their neighbours kept clear
+    cut_26: int = 4  # v0.26.0's branch leaves main here; the next main commit is picked onto it
+    after_27: int = 3  # main commits after v0.27.0's branch leaves it; the first is picked onto it
+
+    @property
+    def main_limit(self) -> int:
+        """The commit objects written by the time v0.27.0's branch leaves main."""
+        return self.commits - 2 * RELEASE_COMMITS - self.after_27
+
+    def broken(self, index: int) -> bool:
+        """Whether main's commit ``index`` does not build."""
+        return index == self.missing_at or (
+            self.syntax_at <= index < self.syntax_at + self.syntax_len
+        )
 
 
-def _docs_change(tree: dict[str, str], pr: int, rng: random.Random, topic: str) -> None:
-    _append(tree, rng.choice(_DOC_FILES), f"\n- {topic}: see #{pr}.\n")
-
-
-def generate(path: Path, *, seed: int = 0, commits: int = 300) -> DemoHistory:
-    """Write the demo repository at ``path`` (must not exist or be empty); ``commits`` counts
-    every commit object, branch commits included."""
-    if commits < 60:
-        raise UsageError(f"the demo history needs at least 60 commits, got {commits}")
-    path = Path(path)
-    if path.exists() and any(path.iterdir()):
-        raise UsageError(f"{path} is not empty: give a new directory for the demo repository")
-    rng = random.Random(f"bisect-demo-history:{seed}")
-    b = _Builder(rng)
+def _plan(rng: random.Random, commits: int) -> _Plan:
     # main's own commits: the rest are merged branches' commits and the release branches'
     main_len = int((commits - 2 * RELEASE_COMMITS) * 0.86)
-    cut_26 = 4  # v0.26.0's branch leaves main here; the next main commit is picked onto it
-    after_27 = 3  # main commits after v0.27.0's branch leaves it; the first is picked onto it
+    cut_26, after_27 = _Plan.cut_26, _Plan.after_27
     planted_at = rng.randint(int(main_len * 0.35), int(main_len * 0.65))
     # The breakages keep clear of the planted commit, so its neighbours all build.
     lo, hi = cut_26 + 3, main_len - after_27 - 4
@@ -371,220 +249,169 @@ def generate(path: Path, *, seed: int = 0, commits: int = 300) -> DemoHistory:
     switch_at = rng.choice([i for i in range(int(main_len * 0.2), int(main_len * 0.8))
                             if all(abs(i - t) > 2 for t in taken)])
     taken |= {switch_at}
+    return _Plan(commits, planted_at, syntax_at, syntax_len, missing_at, python_at, switch_at,
+                 frozenset(taken))
+
+
+def generate(path: Path, *, seed: int = 0, commits: int = 300) -> DemoHistory:
+    """Write the demo repository at ``path`` (must not exist or be empty); ``commits`` counts
+    every commit object, branch commits included."""
+    if commits < 60:
+        raise UsageError(f"the demo history needs at least 60 commits, got {commits}")
+    path = Path(path)
+    if path.exists() and any(path.iterdir()):
+        raise UsageError(f"{path} is not empty: give a new directory for the demo repository")
+    rng = random.Random(f"bisect-demo-history:{seed}")
+    b = Builder(rng, AUTHORS, PLANTED_PR)
+    plan = _plan(rng, commits)
     # dated so that the switch falls on the day vLLM's did: a commit object comes about 4.3
     # hours after the last, and main holds about 86 % of them; start early enough that the
     # commits before the switch never pass that day
-    b.time = CUDA_SWITCH_TIME - int(switch_at * 15_600 / 0.86 * 1.3)
+    b.time = CUDA_SWITCH_TIME - int(plan.switch_at * 15_600 / 0.86 * 1.3)
 
     # PR numbers rise about 8.5 per commit, centred so that the fix's own number falls in place.
-    b.pr = PLANTED_PR - int(planted_at * 8.5) - 20
+    b.pr = PLANTED_PR - int(plan.planted_at * 8.5) - 20
     tree = _initial_tree()
     head = b.commit("refs/heads/main", "Initial import of demollm", tree, None)
     main_marks = [head]
     broken_marks: list[int] = []
-    planted_mark = python_mark = switch_mark = 0
     marks: dict[str, int] = {}
-    index = 1
-    syntax_open = False
-    # main up to where v0.27.0's branch leaves it; then ``after_27`` more main commits and the
-    # release branches' commits
-    reserved = 2 * RELEASE_COMMITS
-    while b.objects < commits - reserved - after_27:
-        pr = b.next_pr()
-        topic = rng.choice(_TOPICS)
-        room = commits - reserved - after_27 - b.objects
-        if index == switch_at:
-            tree[PIPELINE] = pipeline_text("13.0")
-            b.time = max(b.time + 1_200, CUDA_SWITCH_TIME)
-            head = switch_mark = b.commit(
-                "refs/heads/main", CUDA_SWITCH_SUBJECT.format(pr=pr), tree, head, at=b.time)
-        elif index == planted_at:
-            assert _BLOCK_LINE in tree[KERNEL]
-            tree[KERNEL] = tree[KERNEL].replace(_BLOCK_LINE, _FIXED_BLOCK)
-            _bump_rev(tree)
-            _append(tree, "docs/features/batch_invariance.md", "\nRMSNorm pins its block size.\n")
-            head = planted_mark = b.commit("refs/heads/main", PLANTED_SUBJECT, tree, head)
-        elif index == python_at:
-            tree[MODEL] = split_lm_head(tree[MODEL], pr)
-            head = python_mark = b.commit(
-                "refs/heads/main", PYTHON_SUBJECT.format(pr=pr), tree, head
-            )
-        elif index == syntax_at:
-            tree[KERNEL] = tree[KERNEL].replace(_SYNTAX_OK, _SYNTAX_BROKEN, 1)
-            _bump_rev(tree)
-            syntax_open = True
-            head = b.commit(
-                "refs/heads/main",
-                f"[Kernel] Restructure the RMSNorm block reduction (#{pr})",
-                tree,
-                head,
-            )
-        elif index == syntax_at + syntax_len:
-            tree[KERNEL] = tree[KERNEL].replace(_SYNTAX_BROKEN, _SYNTAX_OK, 1)
-            syntax_open = False
-            head = b.commit(
-                "refs/heads/main",
-                f"[Bugfix][CI/Build] Fix the build of layernorm kernels (#{pr})",
-                tree,
-                head,
-            )
-        elif index == missing_at:
-            tree["CMakeLists.txt"] = tree["CMakeLists.txt"].replace(
-                _SRC_LIST, _SRC_LIST + f'  "{_ACTIVATION}"\n'
-            )
-            head = b.commit(
-                "refs/heads/main",
-                f"[CI/Build] List activation kernels in the build (#{pr})",
-                tree,
-                head,
-            )
-        elif index == missing_at + 1:
-            tree[_ACTIVATION] = _ACTIVATION_SRC
-            head = b.commit(
-                "refs/heads/main", f"[Kernel] Add SiLU-and-mul kernel (#{pr})", tree, head
-            )
-        elif index == cut_26 + 1:
-            # a fix landing on main after v0.26.0's cut: picked onto its branch (with -x)
-            _python_change(tree, pr, rng)
-            head = marks["pick26"] = b.commit(
-                "refs/heads/main", f"[Bugfix] Fix {topic} (#{pr})", tree, head)
-        else:
-            # no merged branch (up to 4 commits) where it could leave too few commits for the
-            # planted ones still to come
-            single = index <= cut_26 or room - 4 <= max(taken) - index + 2
-            head = _ordinary(b, tree, head, pr, topic, single, commits - reserved - after_27)
-        if index == missing_at or syntax_open:
-            broken_marks.append(head)
-        if index == cut_26:
-            marks["cut26"] = head
-        main_marks.append(head)
-        index += 1
-    assert planted_mark, "the planted commit must be in the history"
-    assert python_mark, "the Python-side regression must be in the history"
-    assert switch_mark, "the CUDA switch must be in the history"
-    assert not syntax_open and index > missing_at + 1, "every breakage is fixed before the cut"
+    head = _main_to_cut(b, plan, tree, head, main_marks, broken_marks, marks)
     marks["cut27"] = head
-    for n in range(after_27):
-        pr = b.next_pr()
-        topic = rng.choice(_TOPICS)
-        if n == 0:
-            # a kernel change landing on main after v0.27.0's cut: picked onto its branch
-            # (without -x: only its patch id says what it copies)
-            _kernel_note(tree, pr, rng)
-            head = marks["pick27"] = b.commit(
-                "refs/heads/main", f"[Kernel] Comment RMSNorm {topic} path (#{pr})", tree, head)
-        else:
-            head = _ordinary(b, tree, head, pr, topic, True, commits - reserved)
-        main_marks.append(head)
+    _main_after_cut(b, plan, tree, head, main_marks, marks)
     main_tree = dict(tree)
-
-    def release(tag: str, cut: int, pick: int, bump: Callable[[dict[str, str]], None],
-                trailer: str) -> None:
-        """v0.X.0's branch from ``cut``: an RC bump (tagged), the pick, the release bump."""
-        ref = f"refs/heads/{RELEASE_BRANCH.format(tag=tag)}"
-        branch = dict(b.trees[cut])
-        when = b.times[cut] + 3_600
-        _append(branch, "docs/usage.md", f"\nRelease {tag[1:]}rc1.\n")
-        rc = b.commit(ref, f"[Release] Bump version to {tag[1:]}rc1", branch, cut, at=when)
-        b.tag(f"{tag}rc1", rc, f"vLLM-shaped demo release {tag[1:]}rc1\n")
-        # the pick replays what the main commit changed (it applies cleanly: nothing on the
-        # branch touched those files since the cut, which is its parent)
-        changed = {k: v for k, v in b.trees[pick].items() if b.trees[cut].get(k) != v}
-        branch.update(changed)
-        picked = b.commit(ref, b.subjects[pick], branch, rc, at=b.times[pick] + 1_800,
-                          trailer=trailer)
-        marks[f"{tag}-pick"] = picked
-        bump(branch)
-        _append(branch, "docs/usage.md", f"\nRelease {tag[1:]}.\n")
-        final = b.commit(ref, f"[Release] Bump version to {tag[1:]}", branch, picked,
-                         at=b.times[pick] + 7_200)
-        b.tag(tag, final, f"vLLM-shaped demo release {tag[1:]}\n")
-        marks[tag] = final
-
-    def to_027(branch: dict[str, str]) -> None:
-        branch["demollm/__init__.py"] = branch["demollm/__init__.py"].replace(
-            '__version__ = "0.26.0"', '__version__ = "0.27.0"')
 
     def branches(sha_of: Callable[[int], str]) -> None:
         # written once main is (its SHAs are in the -x trailer)
-        release(BAD_TAG, marks["cut26"], marks["pick26"], lambda branch: None,
-                trailer=f"(cherry picked from commit {sha_of(marks['pick26'])})")
-        release(GOOD_TAG, marks["cut27"], marks["pick27"], to_027, trailer="")
+        cut_release(b, marks, BAD_TAG, marks["cut26"], marks["pick26"], keep_version,
+                    trailer=f"(cherry picked from commit {sha_of(marks['pick26'])})")
+        cut_release(b, marks, GOOD_TAG, marks["cut27"], marks["pick27"], bump_to_027,
+                    trailer="")
         assert b.objects == commits and tree == main_tree
 
-    return _write(path, b, planted_mark, python_mark, switch_mark, broken_marks, main_marks,
-                  marks, branches)
+    return _write(path, b, marks["planted"], marks["python"], marks["switch"], broken_marks,
+                  main_marks, marks, branches)
 
 
-def _ordinary(
-    b: _Builder, tree: dict[str, str], head: int, pr: int, topic: str, early: bool, limit: int
+def _main_to_cut(
+    b: Builder,
+    plan: _Plan,
+    tree: dict[str, str],
+    head: int,
+    main_marks: list[int],
+    broken_marks: list[int],
+    marks: dict[str, int],
 ) -> int:
-    rng = b.rng
-    roll = rng.random()
-    room = limit - b.objects - 2  # keep the last commit for the release
-    if not early and roll < 0.10 and room >= 3:
-        # A merged branch: 1-3 commits on a feature branch, then a merge commit on main.
-        branch_tree = dict(tree)
-        tip = head
-        feature = f"demollm/contrib/feature_{pr}.py"
-        for step in range(rng.randint(1, min(3, room - 1))):
-            _append(branch_tree, feature, f"# step {step} of #{pr}\nSTEP_{step} = {step}\n")
-            if step == 0 and rng.random() < 0.3:
-                _kernel_note(branch_tree, pr, rng)
-            tip = b.commit("refs/heads/_branch", f"wip: {topic} ({step + 1})", branch_tree, tip)
-        tree.clear()
-        tree.update(branch_tree)
-        user = rng.choice(_AUTHORS)[0].split()[0].lower()
-        return b.commit(
-            "refs/heads/main",
-            f"Merge pull request #{pr} from {user}/{topic.replace(' ', '-').lower()}",
-            tree,
-            head,
-            merge=tip,
-        )
-    if roll < 0.40 or early:
-        _python_change(tree, pr, rng)
-        tag = rng.choice(("[Core]", "[Frontend]", "[Misc]", "[Bugfix]", "[V1]"))
-        return b.commit(
-            "refs/heads/main", f"{tag} {rng.choice(_VERBS)} {topic} (#{pr})", tree, head
-        )
-    if roll < 0.58:
-        _docs_change(tree, pr, rng, topic)
-        return b.commit("refs/heads/main", f"[Doc] Document {topic} (#{pr})", tree, head)
-    if roll < 0.72:
-        _kernel_note(tree, pr, rng)
-        return b.commit(
-            "refs/heads/main", f"[Kernel] Comment RMSNorm {topic} path (#{pr})", tree, head
-        )
-    if roll < 0.92:
-        _bump_rev(tree)
-        if rng.random() < 0.5:
-            _python_change(tree, pr, rng)
-        verb = rng.choice(("Refactor", "Tidy", "Reorganise", "Simplify"))
-        return b.commit(
-            "refs/heads/main", f"[Kernel] {verb} layernorm launcher (#{pr})", tree, head
-        )
-    _append(tree, "CMakeLists.txt", f"# Build note (#{pr}): {topic}.\n")
-    return b.commit("refs/heads/main", f"[CI/Build] Update build for {topic} (#{pr})", tree, head)
+    """main up to where v0.27.0's branch leaves it (``after_27`` more main commits and the
+    release branches' commits come after); returns its last commit's mark."""
+    index = 1
+    while b.objects < plan.main_limit:
+        pr = b.next_pr()
+        topic = b.rng.choice(TOPICS)
+        room = plan.main_limit - b.objects
+        planted = _planted(b, plan, tree, head, index, pr, topic, marks)
+        if planted is not None:
+            head = planted
+        else:
+            # no merged branch (up to 4 commits) where it could leave too few commits for the
+            # planted ones still to come
+            single = index <= plan.cut_26 or room - 4 <= max(plan.taken) - index + 2
+            head = ordinary_commit(b, tree, head, pr, topic, single, plan.main_limit)
+        if plan.broken(index):
+            broken_marks.append(head)
+        if index == plan.cut_26:
+            marks["cut26"] = head
+        main_marks.append(head)
+        index += 1
+    assert "planted" in marks, "the planted commit must be in the history"
+    assert "python" in marks, "the Python-side regression must be in the history"
+    assert "switch" in marks, "the CUDA switch must be in the history"
+    assert not plan.broken(index - 1) and index > plan.missing_at + 1, (
+        "every breakage is fixed before the cut")
+    return head
 
 
-def _git(repo: Path, *args: str, data: bytes | None = None) -> str:
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(repo), *args], input=data, capture_output=True, check=False
+def _planted(
+    b: Builder,
+    plan: _Plan,
+    tree: dict[str, str],
+    head: int,
+    index: int,
+    pr: int,
+    topic: str,
+    marks: dict[str, int],
+) -> int | None:
+    """The commit ``plan`` puts at main's ``index``, written (its mark); None where it puts
+    none. The fix, the regression and the CUDA switch are recorded in ``marks``."""
+    main = "refs/heads/main"
+    if index == plan.switch_at:
+        tree[PIPELINE] = pipeline_text("13.0")
+        b.time = max(b.time + 1_200, CUDA_SWITCH_TIME)
+        marks["switch"] = b.commit(main, CUDA_SWITCH_SUBJECT.format(pr=pr), tree, head, at=b.time)
+        return marks["switch"]
+    if index == plan.planted_at:
+        assert _BLOCK_LINE in tree[KERNEL]
+        tree[KERNEL] = tree[KERNEL].replace(_BLOCK_LINE, _FIXED_BLOCK)
+        bump_rev(tree)
+        append(tree, "docs/features/batch_invariance.md", "\nRMSNorm pins its block size.\n")
+        marks["planted"] = b.commit(main, PLANTED_SUBJECT, tree, head)
+        return marks["planted"]
+    if index == plan.python_at:
+        tree[MODEL] = split_lm_head(tree[MODEL], pr)
+        marks["python"] = b.commit(main, PYTHON_SUBJECT.format(pr=pr), tree, head)
+        return marks["python"]
+    if index == plan.syntax_at:
+        tree[KERNEL] = tree[KERNEL].replace(_SYNTAX_OK, _SYNTAX_BROKEN, 1)
+        bump_rev(tree)
+        subject = f"[Kernel] Restructure the RMSNorm block reduction (#{pr})"
+    elif index == plan.syntax_at + plan.syntax_len:
+        tree[KERNEL] = tree[KERNEL].replace(_SYNTAX_BROKEN, _SYNTAX_OK, 1)
+        subject = f"[Bugfix][CI/Build] Fix the build of layernorm kernels (#{pr})"
+    elif index == plan.missing_at:
+        tree["CMakeLists.txt"] = tree["CMakeLists.txt"].replace(
+            _SRC_LIST, _SRC_LIST + f'  "{_ACTIVATION}"\n'
         )
-    except FileNotFoundError:
-        raise InfrastructureError(
-            "git is not installed: install it (apt-get install git)"
-        ) from None
-    if result.returncode != 0:
-        raise InfrastructureError(f"git {args[0]} failed: {result.stderr.decode().strip()}")
-    return result.stdout.decode()
+        subject = f"[CI/Build] List activation kernels in the build (#{pr})"
+    elif index == plan.missing_at + 1:
+        tree[_ACTIVATION] = _ACTIVATION_SRC
+        subject = f"[Kernel] Add SiLU-and-mul kernel (#{pr})"
+    elif index == plan.cut_26 + 1:
+        # a fix landing on main after v0.26.0's cut: picked onto its branch (with -x)
+        python_change(tree, pr, b.rng)
+        marks["pick26"] = b.commit(main, f"[Bugfix] Fix {topic} (#{pr})", tree, head)
+        return marks["pick26"]
+    else:
+        return None
+    return b.commit(main, subject, tree, head)
+
+
+def _main_after_cut(
+    b: Builder,
+    plan: _Plan,
+    tree: dict[str, str],
+    head: int,
+    main_marks: list[int],
+    marks: dict[str, int],
+) -> None:
+    """main's ``after_27`` commits after v0.27.0's branch leaves it."""
+    for n in range(plan.after_27):
+        pr = b.next_pr()
+        topic = b.rng.choice(TOPICS)
+        if n == 0:
+            # a kernel change landing on main after v0.27.0's cut: picked onto its branch
+            # (without -x: only its patch id says what it copies)
+            kernel_note(tree, pr, b.rng)
+            head = marks["pick27"] = b.commit(
+                "refs/heads/main", f"[Kernel] Comment RMSNorm {topic} path (#{pr})", tree, head)
+        else:
+            limit = plan.commits - 2 * RELEASE_COMMITS
+            head = ordinary_commit(b, tree, head, pr, topic, True, limit)
+        main_marks.append(head)
 
 
 def _write(
     path: Path,
-    b: _Builder,
+    b: Builder,
     planted: int,
     python: int,
     switch: int,
@@ -594,9 +421,9 @@ def _write(
     branches: Callable[[Callable[[int], str]], None],
 ) -> DemoHistory:
     path.mkdir(parents=True, exist_ok=True)
-    _git(path, "init", "-q", "-b", MAINLINE)
+    git(path, "init", "-q", "-b", MAINLINE)
     marks_file = path / ".git" / "demo-marks"
-    _git(path, "fast-import", "--quiet", f"--export-marks={marks_file}", data=b"".join(b.out))
+    git(path, "fast-import", "--quiet", f"--export-marks={marks_file}", data=b"".join(b.out))
     sha = dict(line.split()[0:2] for line in marks_file.read_text().splitlines())
 
     def full(mark: int) -> str:
@@ -604,15 +431,15 @@ def _write(
 
     b.out = []
     branches(full)
-    _git(path, "fast-import", "--quiet", f"--import-marks={marks_file}",
+    git(path, "fast-import", "--quiet", f"--import-marks={marks_file}",
          f"--export-marks={marks_file}", data=b"".join(b.out))
     sha = dict(line.split()[0:2] for line in marks_file.read_text().splitlines())
     marks_file.unlink()
-    _git(path, "update-ref", "-d", "refs/heads/_branch")
-    _git(path, "checkout", "-q", "-f", MAINLINE)
-    line = _git(path, "rev-list", "--first-parent", "--reverse", GOOD_TAG).split()
+    git(path, "update-ref", "-d", "refs/heads/_branch")
+    git(path, "checkout", "-q", "-f", MAINLINE)
+    line = git(path, "rev-list", "--first-parent", "--reverse", GOOD_TAG).split()
     releases = {
-        tag: tuple(_git(path, "rev-list", "--reverse", tag, "--not", MAINLINE).split())
+        tag: tuple(git(path, "rev-list", "--reverse", tag, "--not", MAINLINE).split())
         for tag in (BAD_TAG, GOOD_TAG)
     }
     return DemoHistory(

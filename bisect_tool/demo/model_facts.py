@@ -2,4 +2,3 @@
 
 DEMO_VOCAB_SIZE = 2048  # demollm.model.ModelConfig.vocab_size
 DEMO_HIDDEN_SIZE = 384  # demollm.model.ModelConfig.hidden_size: > 256, so the block sizes differ
-DEMO_MODEL_NAME = "demo"

@@ -43,10 +43,6 @@ def with_ends(command: Sequence[str], good: str, bad: str) -> list[str]:
     return out
 
 
-def stands_in(candidate: Candidate) -> bool:
-    return bool(candidate.stands_for)
-
-
 def merge_base_message(header: Mapping[str, Any], base: Candidate, direction: Direction,
                        seen: str) -> str:
     """One line for a merge base that did not behave as the older end it stands for: what git

@@ -32,7 +32,8 @@ from bisect_tool.interfaces import ServerProbe
 from bisect_tool.probes.compare import DELTA_SCOPE, Sample, diff_samples
 from bisect_tool.probes.metrics import StepBucket
 from bisect_tool.probes.monitor import MetricsMonitor
-from bisect_tool.probes.server import ServerDeterminismProbe, _step_detail
+from bisect_tool.probes.server import ServerDeterminismProbe
+from bisect_tool.probes.server_http import device_clock, resolve_model, step_detail
 from bisect_tool.probes.workload import request_body
 from bisect_tool.recipe import ProbeSettings
 from bisect_tool.values import Verdict
@@ -163,7 +164,7 @@ class BatchSizeProbe(ServerDeterminismProbe):
         detail: dict[str, Any],
     ) -> tuple[Verdict, str]:
         s = self.settings
-        model = self.model or await self._resolve_model(client, url, is_alive)
+        model = self.model or await resolve_model(client, url, is_alive)
         detail.update({"model": model, "comparison": MODE, "batch_sizes": list(self.sizes),
                        "needles": s.needles})
         bodies = [request_body(p, model, s.max_tokens, s.logprobs) for p in self.workload.prompts]
@@ -194,10 +195,10 @@ class BatchSizeProbe(ServerDeterminismProbe):
         detail["target_reached_repeats"] = sum(
             1 for p in passes if p.coresidency is not None
             and p.coresidency >= self.pass_target(p.size))
-        detail["step_tokens_per_repeat"] = [_step_detail(b) for b in steps]
+        detail["step_tokens_per_repeat"] = [step_detail(b) for b in steps]
         seen = [b for b in steps if b is not None]
-        detail["max_step_tokens"] = _step_detail(max(seen, key=lambda b: b.at_most, default=None))
-        detail.update(await self._device_clock(client, url))
+        detail["max_step_tokens"] = step_detail(max(seen, key=lambda b: b.at_most, default=None))
+        detail.update(await device_clock(client, url))
         target = (lambda _n: 0) if self.sequential else self.pass_target
         verdict, message = batch_verdict(passes, target)
         return verdict, message + self._notes(detail)

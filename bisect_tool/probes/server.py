@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import random
 import secrets
 import ssl
@@ -32,37 +31,26 @@ import httpx
 from bisect_tool.interfaces import ProbeResult, ServerHandle
 from bisect_tool.probes.apart import notes, pairs_apart
 from bisect_tool.probes.compare import (
-    ResponseFormatError,
     Sample,
     compare_repeats,
-    parse_completion,
 )
-from bisect_tool.probes.metrics import (
-    ARRIVAL_DELAY_MAX,
-    LATE_ARRIVALS,
-    STEP_OVERRUNS,
-    MetricsFormatError,
-    StepBucket,
-    largest_step,
-    parse,
-)
+from bisect_tool.probes.metrics import StepBucket, largest_step
 from bisect_tool.probes.monitor import MetricsMonitor
+from bisect_tool.probes.server_http import (
+    PREFIX_CACHE_HITS,
+    RepeatFailed,
+    Untestable,
+    counter,
+    device_clock,
+    resolve_model,
+    send,
+    step_detail,
+    why_dead,
+)
 from bisect_tool.probes.server_verdict import decide, target_coresidency, validate_settings
 from bisect_tool.probes.workload import Workload, build_workload, fresh_prompt, request_body
 from bisect_tool.recipe import ProbeSettings
 from bisect_tool.values import Verdict
-
-#: the request's intended arrival (CLOCK_MONOTONIC seconds, shared by the processes of a host)
-ARRIVAL_HEADER = "X-Bisect-Arrival"
-#: vLLM's counter of prompt tokens served from the prefix cache (its family name)
-PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
-
-class _RepeatFailed(Exception):
-    """A request failed in a way that may be transient: the repeat is invalid, not the lifetime."""
-
-
-class _Untestable(Exception):
-    """The lifetime cannot answer the probe at all (dead server, rejected or malformed request)."""
 
 
 class ServerDeterminismProbe:
@@ -175,7 +163,7 @@ class ServerDeterminismProbe:
             owned = [control, *slots]
         try:
             verdict, message = await self._run(control, slots, url, is_alive, detail)
-        except _Untestable as exc:
+        except Untestable as exc:
             verdict, message = Verdict.UNTESTABLE, str(exc)
         finally:
             for c in owned:
@@ -192,7 +180,7 @@ class ServerDeterminismProbe:
         detail: dict[str, Any],
     ) -> tuple[Verdict, str]:
         s = self.settings
-        model = self.model or await self._resolve_model(client, url, is_alive)
+        model = self.model or await resolve_model(client, url, is_alive)
         detail["model"] = model
         detail["comparison"] = "repeats"
         bodies = [request_body(p, model, s.max_tokens, s.logprobs) for p in self.workload.prompts]
@@ -210,7 +198,7 @@ class ServerDeterminismProbe:
                 )
                 if label == "priming":
                     detail["priming_coresidency"] = peak
-                    detail["priming_step_tokens"] = _step_detail(step)
+                    detail["priming_step_tokens"] = step_detail(step)
                     continue
                 repeats.append(samples)
                 peaks.append(peak)
@@ -222,11 +210,11 @@ class ServerDeterminismProbe:
         known = [p for p in peaks if p is not None]
         detail["max_coresidency"] = max(known, default=None)
         detail["target_reached_repeats"] = sum(1 for p in known if p >= self.target)
-        detail["step_tokens_per_repeat"] = [_step_detail(b) for b in steps]
+        detail["step_tokens_per_repeat"] = [step_detail(b) for b in steps]
         seen = [b for b in steps if b is not None]
-        detail["max_step_tokens"] = _step_detail(max(seen, key=lambda b: b.at_most, default=None))
+        detail["max_step_tokens"] = step_detail(max(seen, key=lambda b: b.at_most, default=None))
         detail["metrics_samples"] = monitor.samples
-        detail.update(await self._device_clock(client, url))
+        detail.update(await device_clock(client, url))
         verdict, message = decide(comparison, peaks, self.target)
         return verdict, message + self._notes(detail)
 
@@ -250,18 +238,18 @@ class ServerDeterminismProbe:
         reason = ""
         for _ in range(self.max_attempts):
             if is_alive is not None and not is_alive():
-                raise _Untestable(f"server process exited before {label}")
+                raise Untestable(f"server process exited before {label}")
             try:
-                return [await self._send(slots[i % len(slots)], url, body, None)
+                return [await send(slots[i % len(slots)], url, body, None)
                         for i, body in enumerate(bodies)]
-            except _RepeatFailed as exc:
+            except RepeatFailed as exc:
                 reason = str(exc)
                 detail["redone_repeats"] += 1
                 detail["redo_reasons"].append(f"{label}: {reason}")
-                dead = await self._dead(client, url, is_alive)
+                dead = await why_dead(client, url, is_alive)
                 if dead:
-                    raise _Untestable(f"server failed during {label} ({reason}); {dead}") from None
-        raise _Untestable(
+                    raise Untestable(f"server failed during {label} ({reason}); {dead}") from None
+        raise Untestable(
             f"{label} failed {self.max_attempts} times on a live server; last: {reason}"
         )
 
@@ -305,10 +293,10 @@ class ServerDeterminismProbe:
         s = self.settings
         prompt = fresh_prompt(s.prefix_tokens + s.prompt_tokens, s.vocab_size, s.seed)
         body = request_body(prompt, str(detail.get("model") or ""), s.max_tokens, s.logprobs)
-        before = await self._counter(client, url, PREFIX_CACHE_HITS)
+        before = await counter(client, url, PREFIX_CACHE_HITS)
         cold, warm = await self._one_by_one(client, slots, url, [body, body],
                                             "the prefix-cache check", is_alive, detail)
-        after = await self._counter(client, url, PREFIX_CACHE_HITS)
+        after = await counter(client, url, PREFIX_CACHE_HITS)
         found = pairs_apart([cold], [warm], "prompts")
         detail["prefix_cache"] = {
             "prompt_tokens": len(prompt),
@@ -318,35 +306,6 @@ class ServerDeterminismProbe:
             # None: the server does not count them; 0: prefix caching is off there, so cold
             # and warm were the same computation
             "hit_tokens": None if before is None or after is None else int(after - before),
-        }
-
-    async def _counter(self, client: httpx.AsyncClient, url: str, name: str) -> float | None:
-        try:
-            resp = await client.get(url + "/metrics", timeout=10.0)
-            return parse(resp.text).value(name) if resp.status_code == 200 else None
-        except (httpx.HTTPError, MetricsFormatError):
-            return None
-
-    async def _device_clock(
-        self, client: httpx.AsyncClient, url: str
-    ) -> dict[str, int | float | None]:
-        """What the server says of its modelled device clock (demollm's), as detail fields:
-        steps that overran their modelled time, requests that came in too late for their step,
-        the longest hand-over of a declared arrival (seconds). None each when it does not say
-        (vLLM: its steps take what the GPU takes)."""
-        overruns = late = delay = None
-        try:
-            resp = await client.get(url + "/metrics", timeout=10.0)
-            if resp.status_code == 200:
-                page = parse(resp.text)
-                overruns, late = page.value(STEP_OVERRUNS), page.value(LATE_ARRIVALS)
-                delay = page.value(ARRIVAL_DELAY_MAX)
-        except (httpx.HTTPError, MetricsFormatError):
-            pass
-        return {
-            "step_overruns": None if overruns is None else int(overruns),
-            "late_arrivals": None if late is None else int(late),
-            "max_arrival_delay_s": None if delay is None else round(delay, 4),
         }
 
     async def _attempts(
@@ -361,7 +320,7 @@ class ServerDeterminismProbe:
         detail: dict[str, Any],
     ) -> tuple[list[Sample], int | None, StepBucket | None]:
         if is_alive is not None and not is_alive():
-            raise _Untestable(f"server process exited before {_name(label)}")
+            raise Untestable(f"server process exited before {_name(label)}")
         reason = ""
         for attempt in range(self.max_attempts):
             # The server is idle here (the previous pass was awaited whole), so the histogram's
@@ -371,23 +330,23 @@ class ServerDeterminismProbe:
             try:
                 delays = self._delays(label, attempt)[: len(bodies)]
                 samples = await self._pass(slots, url, bodies, delays)
-            except _RepeatFailed as exc:
+            except RepeatFailed as exc:
                 monitor.end()
                 reason = str(exc)
                 detail["redone_repeats"] += 1
                 detail["redo_reasons"].append(f"{_name(label)}: {reason}")
-                dead = await self._dead(client, url, is_alive)
+                dead = await why_dead(client, url, is_alive)
                 if dead:
                     # A live process whose /health answers 5xx did not die: say what it did.
                     how = "failed" if dead.startswith("/health answered") else "died"
-                    raise _Untestable(
+                    raise Untestable(
                         f"server {how} during {_name(label)} ({reason}); {dead}"
                     ) from None
                 continue
             peak = monitor.end()
             after = await asyncio.to_thread(monitor.snapshot)
             return samples, peak, largest_step(before, after)
-        raise _Untestable(
+        raise Untestable(
             f"{_name(label)} failed {self.max_attempts} times on a live server; last: {reason}"
         )
 
@@ -410,99 +369,22 @@ class ServerDeterminismProbe:
         delays: Sequence[float],
     ) -> list[Sample]:
         if self.sequential:
-            return [await self._send(c, url, b, None) for c, b in zip(slots, bodies, strict=True)]
+            return [await send(c, url, b, None) for c, b in zip(slots, bodies, strict=True)]
         start = time.monotonic()
         tasks = [
-            asyncio.create_task(self._send(c, url, body, start + delay))
+            asyncio.create_task(send(c, url, body, start + delay))
             for c, body, delay in zip(slots, bodies, delays, strict=True)
         ]
         # Every request is awaited even when one fails, so the server is idle again before the
         # repeat is redone (leftover requests would distort the next attempt's batches).
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for r in results:
-            if isinstance(r, _Untestable):
+            if isinstance(r, Untestable):
                 raise r
         for r in results:
             if isinstance(r, BaseException):
                 raise r
         return [r for r in results if isinstance(r, Sample)]
-
-    async def _send(
-        self, client: httpx.AsyncClient, url: str, body: bytes, at: float | None
-    ) -> Sample:
-        """POST one request at ``at`` (time.monotonic(); None: now). The header says when it
-        was meant to arrive: the demo engine admits it by that time on its device clock, so a
-        late timer here or a busy HTTP thread there does not change how steps form (issue 12).
-        vLLM ignores the header."""
-        headers = {"content-type": "application/json"}
-        if at is not None:
-            wait = at - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            headers[ARRIVAL_HEADER] = f"{at:.6f}"
-        try:
-            resp = await client.post(url + "/v1/completions", content=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise _RepeatFailed(f"request timed out ({type(exc).__name__})") from None
-        except httpx.TransportError as exc:
-            raise _RepeatFailed(f"{type(exc).__name__}: {exc}") from None
-        if resp.status_code >= 500:
-            raise _RepeatFailed(f"HTTP {resp.status_code}: {resp.text[:200]}")
-        if resp.status_code >= 400:
-            raise _Untestable(
-                f"the server rejected the probe request (HTTP {resp.status_code}): "
-                f"{resp.text[:300]}; check the model name and --max-model-len"
-            )
-        try:
-            return parse_completion(resp.json())
-        except (ResponseFormatError, json.JSONDecodeError) as exc:
-            raise _Untestable(f"unexpected completion response: {exc}") from None
-
-    async def _resolve_model(
-        self, client: httpx.AsyncClient, url: str, is_alive: Callable[[], bool] | None
-    ) -> str:
-        try:
-            resp = await client.get(url + "/v1/models", timeout=10.0)
-            if resp.status_code != 200:
-                raise _Untestable(
-                    f"{url}/v1/models answered HTTP {resp.status_code}: "
-                    f"{resp.text[:200].strip() or '(empty body)'}"
-                )
-            data = resp.json()["data"]
-            return str(data[0]["id"])
-        except httpx.TransportError as exc:
-            dead = await self._dead(client, url, is_alive)
-            raise _Untestable(
-                f"cannot reach the server at {url} ({type(exc).__name__})"
-                + (f"; {dead}" if dead else "")
-            ) from None
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise _Untestable(
-                f"{url}/v1/models lists no model; pass the model name (--model)"
-            ) from None
-
-    async def _dead(
-        self, client: httpx.AsyncClient, url: str, is_alive: Callable[[], bool] | None
-    ) -> str:
-        """Why the server is dead, or "" when it still answers /health."""
-        last = ""
-        for attempt in range(3):
-            if attempt:
-                await asyncio.sleep(0.2)  # between the asks; none after the last one
-            if is_alive is not None and not is_alive():
-                return "the server process exited"
-            try:
-                resp = await client.get(url + "/health", timeout=5.0)
-                if resp.status_code == 200:
-                    return ""
-                last = f"/health answered HTTP {resp.status_code}"
-            except httpx.HTTPError as exc:
-                last = f"/health unreachable ({type(exc).__name__})"
-        return last
-
-
-def _step_detail(bucket: StepBucket | None) -> list[float | str] | None:
-    return None if bucket is None else bucket.to_detail()
 
 
 def _name(label: str | int) -> str:

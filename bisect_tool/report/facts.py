@@ -5,7 +5,8 @@ after replaying that journal); no git, no network. The Markdown and JSON rendere
 this dict, so the two outputs cannot disagree. Each noun has its module: the evidence
 (``evidence``), how sure (``confidence``), the environment and the reported setup
 (``environment``), the controls (``controls``), the op check's narrowing (``narrowing``), how to
-reproduce (``reproduce``); this one puts them together with the range and the answer.
+reproduce (``reproduce``), the range and the releases (``span``); this one puts them
+together with the answer.
 
 Header keys read (others are ignored): ``candidates`` (``{sha, subject, pr, tags}``, old end
 first), ``direction``, ``good_ref``/``bad_ref`` (as typed), ``good``/``bad`` (full SHAs; or
@@ -15,7 +16,6 @@ list or string), ``session``, ``level``. The last ``end`` entry's ``message`` ex
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
@@ -29,10 +29,10 @@ from bisect_tool.report import (
     evidence,
     narrowing,
     reproduce,
+    span,
 )
 from bisect_tool.report.controls import controls as controls_facts
 from bisect_tool.report.names import (
-    FULL_SHA,
     RELEASE_TAG,
     VLLM_URL,
     all_releases,
@@ -110,7 +110,7 @@ def build_report(
     for r in tested:
         r["release_url"] = by_sha[r["sha"]].get("release_url")
     env = environment.merged(everything)
-    rng = _range_facts(header, commits, good_end, bad_end, direction, repo_url, package, noun)
+    rng = span.range_facts(header, commits, good_end, bad_end, direction, repo_url, package, noun)
     answer = {
         "state": state.state,
         "direction": direction,
@@ -157,7 +157,7 @@ def build_report(
         "how_sure": confidence.how_sure(answer, tested, tiers, alone, recipe.get("search") or {},
                                         rates),
         "tiers": tiers,
-        "releases": _releases(header, commits, answer, recipe, bundled_recipe, noun),
+        "releases": span.releases(header, commits, answer, recipe, bundled_recipe, noun),
         "previous": dict(header["previous"]) if isinstance(header.get("previous"), Mapping)
         else None,
         "range": rng,
@@ -220,63 +220,6 @@ def _python_side(pinned: Any, recipe: Mapping[str, Any], rng: Mapping[str, Any])
     return tag.format(version=pinned) if RELEASE_TAG.match(f"v{pinned}") else str(pinned)
 
 
-def _releases(header: Mapping[str, Any], commits: Sequence[Mapping[str, Any]],
-              answer: Mapping[str, Any], recipe: Mapping[str, Any],
-              bundled_recipe: Mapping[str, Any] | None, noun: str) -> dict[str, Any] | None:
-    """Where the releases were listed, which were left out and why (a release-level run), and
-    the next step: the commits between the two releases the answer lies between, in a clone."""
-    if noun != "release":
-        return None
-    paths = [str(x) for x in (recipe.get("range") or {}).get("paths") or []]
-    next_step = None
-    block = answer.get("flip_block") or []
-    if answer.get("state") == "done" and block:
-        first = int(block[0]["index"])
-        old, new = commits[first - 1] if first > 0 else None, commits[int(block[-1]["index"])]
-        if old is not None:
-            fix = answer.get("direction") == "fix"
-            good, bad = (name(new), name(old)) if fix else (name(old), name(new))
-            # the recipe as given, with the sources it had for commits (a release-level run
-            # keeps only release wheels: that copy would refuse every commit without a tag)
-            sources = [str(s) for s in header.get("commit_sources")
-                       or (recipe.get("artifacts") or {}).get("sources") or []]
-            for_commits = {**recipe, "artifacts": {**(recipe.get("artifacts") or {}),
-                                                   "sources": sources}}
-            next_step = {
-                "old": name(old), "new": name(new), "paths": paths,
-                "command": shlex.join(["bisect", "start", "--good", good, "--bad", bad,
-                                       "--recipe",
-                                       reproduce.recipe_arg(for_commits, bundled_recipe)]),
-                # a commit between two releases has no release wheel: the recipe must name a
-                # per-commit source (vLLM's wheel index, or a source build)
-                "reaches_commits": bool({"wheel-index", "source-build"} & set(sources)),
-            }
-    level = header.get("level") == "release"
-    return {
-        "package": header.get("package") if level else None,
-        "index_url": header.get("index_url") if level else None,
-        "listing_source": header.get("listing_source"),
-        "listing_note": header.get("listing_note") or None,
-        "left_out": [{"version": str(v), "why": str(w)} for v, w in header.get("left_out") or []],
-        "next_step": next_step,
-    }
-
-
-def _ref(header: Mapping[str, Any], end: str) -> str | None:
-    """The ref as the user typed it: ``good_ref``, or ``good`` when that is not a full SHA."""
-    for value in (header.get(f"{end}_ref"), header.get(end)):
-        if isinstance(value, str) and value and not FULL_SHA.match(value):
-            return value
-    return None
-
-
-def _sha(header: Mapping[str, Any], end: str) -> str | None:
-    for value in (header.get(f"{end}_sha"), header.get(end)):
-        if isinstance(value, str) and FULL_SHA.match(value):
-            return value
-    return None
-
-
 def _end_message(end: Mapping[str, Any] | None) -> str | None:
     if not end:
         return None
@@ -308,46 +251,6 @@ def _checks(end: Mapping[str, Any] | None, by_sha: Mapping[str, Mapping[str, Any
             "clean_against_rate": rate,
             "clean": [{"name": called(sha), "clean": int(n), "chance": num((1 - rate) ** int(n))}
                       for sha, n in raw.get("clean") or []]}
-
-
-def _range_facts(header: Mapping[str, Any], commits: Sequence[Mapping[str, Any]], good_end: int,
-                 bad_end: int, direction: str, repo_url: str, package: str, noun: str
-                 ) -> dict[str, Any]:
-    last = len(commits) - 1
-    good_ref, bad_ref = _ref(header, "good"), _ref(header, "bad")
-    if noun == "release":  # one spelling: the releases' tags
-        good_ref, bad_ref = name(commits[good_end]), name(commits[bad_end])
-    # the ends as typed (release tags name the same commits in vLLM's repository)
-    old_ref, new_ref = (bad_ref, good_ref) if direction == "fix" else (good_ref, bad_ref)
-    old_ref, new_ref = old_ref or name(commits[0]), new_ref or name(commits[last])
-    compare_url = None
-    if repo_url:
-        compare_url = f"{repo_url}/compare/{commits[0]['sha']}...{commits[last]['sha']}"
-    elif package == "vllm" and RELEASE_TAG.match(old_ref) and RELEASE_TAG.match(new_ref):
-        # Release tags name the same commits in vLLM's own repository whatever clone ran this.
-        compare_url = f"{VLLM_URL}/compare/{old_ref}...{new_ref}"
-    return {
-        "good_ref": good_ref,
-        "good_sha": _sha(header, "good") or commits[good_end]["sha"],
-        "bad_ref": bad_ref,
-        "bad_sha": _sha(header, "bad") or commits[bad_end]["sha"],
-        "direction": direction,
-        "level": str(header.get("level") or "commit"),
-        "noun": noun,
-        "candidates": len(commits),
-        "paths": list(header.get("paths") or []),
-        "old_end": commits[0]["sha"],
-        "new_end": commits[last]["sha"],
-        "good_end_index": good_end,
-        "bad_end_index": bad_end,
-        "compare_url": compare_url,
-        "remote_url": str(header.get("remote_url") or ""),
-        # the older end's stand-in where the ends are not on one line of history
-        "merge_base": str(header.get("merge_base") or "") or None,
-        "merge_base_for": commits[0].get("stands_for"),
-        "mainline": str(header.get("mainline") or "main").removeprefix("refs/heads/")
-        .removeprefix("refs/remotes/"),
-    }
 
 
 def _headline(answer: Mapping[str, Any], rng: Mapping[str, Any], recipe: Mapping[str, Any],

@@ -26,13 +26,13 @@ from demollm.engine import (
     STEP_BUCKETS,
     WARMUP_STEPS,
     DeviceTiming,
-    EngineLoop,
     EngineOptions,
     LLMEngine,
     Request,
     RequestError,
     SchedulerConfig,
 )
+from demollm.loop import EngineLoop
 from demollm.model import DemoModel, ModelConfig
 
 logger = logging.getLogger("demollm")
