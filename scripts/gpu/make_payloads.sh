@@ -150,3 +150,5 @@ for f in "${!CALL[@]}"; do
   [ -f "$DEST/$f" ] || continue
   mkdir -p "$DEST/c${CALL[$f]}" && ln -f "$DEST/$f" "$DEST/c${CALL[$f]}/$f"
 done
+# call 4 (cold_range.sh build) unpacks the wheels' heads itself: that file again, alone
+[ -f "$DEST/wheel-heads.tar.xz" ] && mkdir -p "$DEST/c4" && ln -f "$DEST/wheel-heads.tar.xz" "$DEST/c4/"

@@ -230,7 +230,11 @@ EOF
     cp "$CARRY/vllm-listing.json" "$BISECT_CACHE_DIR/index/vllm.json" && did+=("listing")
   fi
   [ -f "$BISECT_CACHE_DIR/index/vllm.json" ] || log "stack: listing MISSING (carry .devcarry/vllm-listing.json)"
-  if [ -f "$DEV/site/.ok" ] && [ -f "$DEV/deps/.ok" ] && [ "${CHECK_IMPORT:-1}" = 1 ]; then
+  # `import vllm` loads vllm._C_stable_libtorch (vllm/platforms/cuda.py): checked once 0.26.0's
+  # is placed (call 2's `so`; `verify` checks it then). Before, the import fails and ended the
+  # step (the first call of 2026-12-07's second session)
+  if [ -f "$DEV/site/.ok" ] && [ -f "$DEV/deps/.ok" ] && [ "${CHECK_IMPORT:-1}" = 1 ] \
+    && [ -f "$(so_path 0.26.0).ok" ]; then
     "$PY" -c 'import vllm, fastapi, uvicorn, openai, msgspec, zmq, xgrammar, zstandard, git, tenacity, docker, platformdirs, tomlkit, pydantic
 print("[release_range] stack: vllm", vllm.__version__, "and the tool deps import")'
   fi
