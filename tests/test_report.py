@@ -275,7 +275,9 @@ def test_headline_says_the_answer_in_words_with_its_confidence(
     assert "<strong>99.3%</strong> that this is the first good commit and both ends" in first
     # what the lifetimes either side showed: the nearest buggy candidate and the flip itself
     assert f"{sha(4)[:7]} showed the bug in 1 of 2 lifetimes" in first
-    assert f"{sha(FLIP)[:7]} was clean in 3 of 3; the controls held" in first
+    # what 3 clean lifetimes rule out, and what they do not (issue 38): 1 - 0.01^(1/3) = 78 %
+    assert (f"{sha(FLIP)[:7]} was clean in 3 of 3 (which rules out, at 99%, a bug there in 78% "
+            "of lifetimes or more; not a rarer one); the controls held") in first
     head = md[: md.index("### How sure")]
     assert "v0.26.0 (bad) .. v0.27.0 (good), 10 commits" in head
     assert "- How sure: 99.3% (the run stops at 99.5%)" not in head  # below it: said so

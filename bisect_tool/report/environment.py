@@ -5,6 +5,7 @@ install, the dependency versions, the workload's size and jitter). Pure."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
@@ -66,7 +67,9 @@ def compiled_files(env: Mapping[str, Any]) -> tuple[list[str] | None, str]:
     if "compiled_files.against" in env:
         missing = [m for m in str(env.get("compiled_files.missing") or "").split(", ") if m]
         listed = env.get("compiled_files.listed")
-        against = f"{env['compiled_files.against']}, the wheel's file list"
+        # "the RECORD of vllm 0.26.0" as the report spells a release: vllm v0.26.0
+        record = re.sub(r"\b(\d+\.\d+\.\d+)", r"v\1", str(env["compiled_files.against"]))
+        against = f"{record}, the wheel's file list"
         if missing:
             return missing, f"{', '.join(missing)} (of the {listed} in {against})"
         return [], f"none of the {listed} in {against}"

@@ -66,7 +66,8 @@ def _seen_sentence(report: Mapping[str, Any]) -> str:
                      f"{plural(int(b['divergent']) + int(b['clean']), 'lifetime')}")
     if near:
         n = near["clean"] + near["divergent"]
-        parts.append(f"{near['name']} was clean in {near['clean']} of {n}" if not
+        parts.append(f"{near['name']} was clean in {near['clean']} of {n}"
+                     f"{_rules_out(near['clean'], sure['asked'])}" if not
                      near["divergent"] else f"{near['name']} in {near['divergent']} of {n}")
     if not parts:
         return ""
@@ -74,6 +75,17 @@ def _seen_sentence(report: Mapping[str, Any]) -> str:
     held = ("the controls held" if controls and controls.get("ok") else
             "the controls did not hold" if controls else "no controls ran")
     return " " + "; ".join(parts) + f"; {held}."
+
+
+def _rules_out(clean: int, asked: float) -> str:
+    """What ``clean`` clean lifetimes in a row rule out at the asked confidence: a bug there in
+    r of the lifetimes or more, (1 - r)^clean = 1 - asked. A rarer one is not ruled out: a bug
+    that a later commit made worse would be named at that commit (issue 38)."""
+    if clean <= 0:
+        return ""
+    rate = 1 - (1 - asked) ** (1 / clean)
+    return (f" (which rules out, at {asked:.0%}, a bug there in {rate:.0%} of lifetimes or "
+            "more; not a rarer one)")
 
 
 def _answer_line(report: Mapping[str, Any]) -> list[str]:
