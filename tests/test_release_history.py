@@ -236,7 +236,7 @@ def test_the_next_step_after_releases_uses_the_recipe_that_reaches_commits() -> 
     # prints for the commits between two releases must name the recipe as the user gave it
     # (issue 41: "its recipe's sources refuse every commit without a release tag")
     from bisect_tool import recipe as recipe_mod
-    from bisect_tool.report import facts
+    from bisect_tool.report import span
     from bisect_tool.report.markdown import _next_line
 
     bundled = recipe_mod.load("batch-invariance").to_dict()
@@ -245,13 +245,13 @@ def test_the_next_step_after_releases_uses_the_recipe_that_reaches_commits() -> 
                {"sha": "vllm-0.27.0", "tags": ["v0.27.0"], "index": 1}]
     answer = {"state": "done", "flip_block": [{"index": 1}], "direction": "fix"}
     header = {"commit_sources": bundled["artifacts"]["sources"]}
-    got = facts._releases(header, commits, answer, run_copy, bundled, "release")
+    got = span.releases(header, commits, answer, run_copy, bundled, "release")
     step = got["next_step"]
     assert step["command"] == ("bisect start --good v0.27.0 --bad v0.26.0 --recipe "
                                "batch-invariance") and step["reaches_commits"]
     # a recipe of the user's own that names no per-commit source: the line says what to add
     own = {**run_copy, "name": "mine", "source": "/home/u/mine.toml"}
-    got = facts._releases({}, commits, answer, own, None, "release")
+    got = span.releases({}, commits, answer, own, None, "release")
     line = _next_line({"releases": got})
     assert "--recipe mine.toml" in line and 'add "wheel-index" or "source-build"' in line
 
