@@ -58,6 +58,23 @@ def test_the_schemas_read_as_the_bindings_define_them_and_as_torch_prints_them()
         parse_schema("f(Tensor! , int x) -> ()")
 
 
+def test_the_schemas_read_as_torch_2_11_prints_a_stable_abi_op() -> None:
+    # as the H100 printed vLLM 0.26.0's (docs/bench/gpu-2026-12-07b-h100): the alias set holds
+    # "->", and the three quant ops went unchecked before
+    printed = ("_C::rms_norm_per_block_quant(Tensor($0! -> ) result, Tensor input, Tensor weight, "
+               "Tensor($1! -> ) scale, float epsilon, Tensor? scale_ub, Tensor($2! -> )? residual, "
+               "int group_size, bool is_scale_transposed) -> ()")
+    name, args = parse_schema(printed)
+    assert name == "_C::rms_norm_per_block_quant"
+    assert [a.name for a in args if a.written] == ["result", "scale", "residual"]
+    assert Arg("residual", "Tensor?", True) in args and len(args) == 9
+    _, args = parse_schema("_C::rms_norm_static_fp8_quant(Tensor($0! -> ) result, Tensor input, "
+                           "Tensor weight, Tensor scale, float epsilon) -> ()")
+    assert [(a.name, a.written) for a in args] == [
+        ("result", True), ("input", False), ("weight", False), ("scale", False),
+        ("epsilon", False)]
+
+
 def test_a_call_follows_the_registered_schema_and_compares_what_it_writes() -> None:
     values = {"result": "R", "input": "X", "weight": "W", "scale": "S", "epsilon": 1e-6,
               "residual": None, "scale_ub": None, "group_size": 128,

@@ -64,19 +64,39 @@ class Arg:
     written: bool  # the op writes it (compared between the launches)
 
 
-_ARG = re.compile(r"^(?P<type>[A-Za-z_]+[A-Za-z0-9_]*)(?P<alias>\([a-z]!?\)|!)?(?P<opt>\?)?\s+"
+# the alias set: "(a!)" as torch printed it, "($0! -> )" as torch 2.11 prints a stable-ABI op's
+# (vLLM 0.26.0's _C::rms_norm_static_fp8_quant on the H100, docs/bench/gpu-2026-12-07b-h100)
+_ARG = re.compile(r"^(?P<type>[A-Za-z_]+[A-Za-z0-9_]*)"
+                  r"(?P<alias>\([$\w|]+!?(?:\s*->\s*[^)]*)?\)|!)?(?P<opt>\?)?\s+"
                   r"(?P<name>\w+)(?:\s*=\s*.+)?$")
+
+
+def _arguments(rest: str) -> list[str]:
+    """The arguments of a schema's text after its first "(", split at the commas outside
+    parentheses, up to the ")" that closes the list (an alias set may hold "->" and ",")."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(rest):
+        if ch == "(":
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+        elif ch == ")":
+            parts.append(rest[start:i])
+            break
+        elif ch == "," and not depth:
+            parts.append(rest[start:i])
+            start = i + 1
+    return [p.strip() for p in parts if p.strip()]
 
 
 def parse_schema(text: str) -> tuple[str, list[Arg]]:
     """``("ns::op" or "op", [Arg, ...])`` of a schema as the bindings define it
     (``Tensor! result``, ``Tensor!? residual``) or as torch prints it (``Tensor(a!) result``,
-    ``Tensor(b!)? residual``)."""
+    ``Tensor(b!)? residual``, ``Tensor($0! -> ) result``)."""
     text = " ".join(text.split())
     head, _, rest = text.partition("(")
-    inner = rest.rsplit(")", 1)[0] if "->" not in rest else rest.split("->")[0].rsplit(")", 1)[0]
     args: list[Arg] = []
-    for part in (p.strip() for p in inner.split(",") if p.strip()):
+    for part in _arguments(rest):
         if part == "*":
             continue  # keyword-only marker
         m = _ARG.match(part)
