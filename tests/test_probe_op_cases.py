@@ -73,6 +73,12 @@ def test_the_schemas_read_as_torch_2_11_prints_a_stable_abi_op() -> None:
     assert [(a.name, a.written) for a in args] == [
         ("result", True), ("input", False), ("weight", False), ("scale", False),
         ("epsilon", False)]
+    # the MoE pair, as printed there too: optional arguments with defaults
+    _, args = parse_schema("_moe_C::moe_sum(Tensor input, Tensor($0! -> ) output, Tensor? "
+                           "topk_ids=None, Tensor? expert_map=None) -> ()")
+    assert [(a.name, a.type, a.written) for a in args] == [
+        ("input", "Tensor", False), ("output", "Tensor", True), ("topk_ids", "Tensor?", False),
+        ("expert_map", "Tensor?", False)]
 
 
 def test_a_call_follows_the_registered_schema_and_compares_what_it_writes() -> None:
