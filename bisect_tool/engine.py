@@ -7,23 +7,21 @@ journals each lifetime as it ends (not in submission order), runs the controls, 
 observer its progress as events. ``bisect start``/``resume``, ``bisect locate`` and, through the
 same evaluators, the Ray backend all run on it.
 
-Signals. ``journaled(path)`` opens the journal with SIGTERM and SIGHUP raising (a closed terminal
-or SSH session is a SIGHUP; a GPU job's deadline a SIGTERM), so a run stopped from outside leaves
-the way Ctrl-C does: every lifetime that ended is journaled, every resource closed. Lifetimes in
-flight are cancelled where their evaluator can cancel them (Ray tasks); elsewhere they end as
-they would have and are journaled before the exception goes on (on a lent H100 a finished
-divergent lifetime was printed, then lost, and run again by the next call). The controls are
-not waited for (issue 38: Ctrl-C during them waited minutes on a GPU): they run on a daemon
-thread, the backend's close stops their server, and a resumed run asks for them again.
+Signals. A run's journal is open (``journal.open_journal``) with SIGTERM and SIGHUP raising (a
+closed terminal or SSH session is a SIGHUP; a GPU job's deadline a SIGTERM), so a run stopped
+from outside leaves the way Ctrl-C does: every lifetime that ended is journaled, every resource
+closed. Lifetimes in flight are cancelled where their evaluator can cancel them (Ray tasks);
+elsewhere they end as they would have and are journaled before the exception goes on (on a lent
+H100 a finished divergent lifetime was printed, then lost, and run again by the next call). The
+controls are not waited for (issue 38: Ctrl-C during them waited minutes on a GPU): they run on
+a daemon thread, the backend's close stops their server, and a resumed run asks for them again.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Protocol
 
 from bisect_tool.designs import Design, Finish, Item, Record, Wait, Work
@@ -57,15 +55,6 @@ BACKGROUND_WORKERS = 8
 
 def _no_controls(_commit: str) -> None:
     return None
-
-
-@contextmanager
-def journaled(path: Path) -> Iterator[Journal]:
-    """The journal open for appending, with SIGTERM and SIGHUP raising while it is open."""
-    from bisect_tool.runtime.common import sigterm_raises
-
-    with Journal(path) as journal, sigterm_raises():
-        yield journal
 
 
 def _on_a_daemon_thread(

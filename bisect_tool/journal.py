@@ -12,13 +12,19 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bisect_tool import redact
-from bisect_tool.entries import JOURNAL_VERSION, ShapeError, check_entry, check_header
+from bisect_tool.entries import (
+    JOURNAL_VERSION,
+    ShapeError,
+    check_entry,
+    check_header,
+    environment,
+)
 from bisect_tool.errors import CorruptJournal, JournalLost, NoSession, StateDirUnusable, StateError
 
 JOURNAL_NAME = "journal.jsonl"
@@ -193,6 +199,57 @@ def create(path: Path, header: Mapping[str, Any]) -> None:
             f"cannot write the journal in {path.parent} ({exc.strerror or exc}); "
             "pass --state-dir PATH to a folder you can write"
         ) from None
+
+
+@dataclass
+class OpenJournal:
+    """A journal a run appends to (``open_journal``): the entries it held when it was opened,
+    and its environment entry, written once."""
+
+    journal: Journal
+    contents: JournalContents  # as it stood when opened, before this run's entries
+    _environment_written: bool = field(default=False, repr=False)
+
+    def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        return self.journal.append(entry)
+
+    def environment(self, facts: Callable[[], Mapping[str, Any]]) -> dict[str, Any] | None:
+        """The ``environment`` entry of ``facts()``, where it is due: once per journal, once
+        the evaluators are open (a run that could not open them records none). The entry
+        written; None where the journal holds one already (``facts`` is not called)."""
+        if self._environment_written or self.contents.of_type("environment"):
+            return None
+        written = self.journal.append(environment(facts()))
+        self._environment_written = True
+        return written
+
+
+@contextlib.contextmanager
+def open_journal(
+    path: Path,
+    header: Callable[[], Mapping[str, Any]] | None = None,
+    keep: Callable[[JournalContents], bool] | None = None,
+) -> Iterator[OpenJournal]:
+    """The one way a run opens its journal (``bisect start``/``resume``, ``bisect locate``):
+    open for appending, with SIGTERM and SIGHUP raising while it is open (a closed terminal or
+    SSH session is a SIGHUP; a GPU job's deadline a SIGTERM), so a run stopped from outside
+    leaves the way Ctrl-C does.
+
+    With ``header``, a journal that is not there, or one ``keep`` says not to go on with (it
+    may raise instead), is first replaced by a new one holding ``header()``; without it the
+    journal must exist (``NoSession``)."""
+    from bisect_tool.runtime.common import sigterm_raises
+
+    contents = read(path) if header is None or path.exists() else None
+    if header is not None and contents is not None and keep is not None and not keep(contents):
+        contents = None
+    if contents is None:
+        assert header is not None
+        path.unlink(missing_ok=True)
+        create(path, header())
+        contents = read(path)
+    with Journal(path) as journal, sigterm_raises():
+        yield OpenJournal(journal, contents)
 
 
 def read(path: Path) -> JournalContents:

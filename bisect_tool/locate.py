@@ -6,9 +6,12 @@ end's own pair, and weighs the explanations under the search's intermittency mod
 side is the end's package with its own swap set (``artifacts.stacks``); a cell is one lifetime
 of that Python side with the other end's swap set laid over it by the runtime, exactly as a
 bisect candidate is, and the compatibility gate decides whether a crossing can load at all.
+The evaluators come through a seam (``OpenSides``): the recipe's own (``locate_sides``) by
+default, plain values in a test.
 
-The journal (``locate.jsonl`` in the state dir) is written before the next step and replayed
-on ``bisect locate`` again, so a killed run loses nothing. ``bisect start --locate`` runs this
+The journal (``locate.jsonl`` in the state dir) is opened as a bisect's is
+(``journal.open_journal``), written before the next step and replayed on ``bisect locate``
+again, so a killed run loses nothing. ``bisect start --locate`` runs this
 first and bisects only when the compiled side carries the change.
 """
 
@@ -17,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,14 +29,14 @@ from typing import Any
 from bisect_tool import entries
 from bisect_tool import journal as journal_mod
 from bisect_tool.designs.locate import LocateDesign
-from bisect_tool.engine import ControlsFor, Engine, journaled
+from bisect_tool.engine import Engine
 from bisect_tool.errors import NoAnswer, UsageError
-from bisect_tool.events import Note, Observer, ignore, notes_to
-from bisect_tool.interfaces import Evaluator
+from bisect_tool.events import Observer, ignore
+from bisect_tool.locate_sides import Sides, compiled_only, open_python_sides
 from bisect_tool.matrix import CELLS, GG, MEANING, Cell, CellCounts, Explanation, Finding, Side
 from bisect_tool.range import Candidate
 from bisect_tool.recipe import Recipe
-from bisect_tool.values import percent, short
+from bisect_tool.values import percent
 from bisect_tool.verdict import EndState
 
 LOCATE_JOURNAL = "locate.jsonl"
@@ -137,93 +140,24 @@ def _header(
     )
 
 
-# -- the runtime ------------------------------------------------------------------------------
+# -- the evaluators ---------------------------------------------------------------------------
+
+#: the seam: (request, good end, bad end, session, observer) -> the cells' evaluators, open
+#: while they run (``recipe_sides``: the recipe's own; a test gives plain values)
+OpenSides = Callable[
+    [LocateRequest, Candidate, Candidate, str, Observer], AbstractContextManager[Sides]
+]
 
 
-@contextmanager
-def _evaluators(
+def recipe_sides(
     request: LocateRequest, good: Candidate, bad: Candidate, session: str, observer: Observer
-) -> Iterator[tuple[dict[str, Evaluator], int, ControlsFor, Callable[[], dict[str, Any]]]]:
-    """A server evaluator per Python side (one backend each, pinned to that side's stack), the
-    slots that may run at once, the controls runner of the good end's own pair, and the
-    environment the cells run in (for the journal's ``environment`` entry)."""
-    from bisect_tool.artifacts.cache import ArtifactCache
-    from bisect_tool.dirs import default_cache_dir
-    from bisect_tool.runtime.weights import resolve_weights
-    from bisect_tool.wiring import open_provider, open_sides, side_recipe
-
-    recipe = compiled_only(resolve_weights(request.recipe, progress=notes_to(observer)))
-    if recipe.runtime.backend != "local":
-        raise UsageError(
-            "bisect locate boots each (Python side, compiled side) pair with the local backend; "
-            "drop --backend (containers pin one image's Python side)"
-        )
-    state_dir = request.state_dir
-    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
-    tags = {good.sha: good.tags, bad.sha: bad.tags}
-    repo = request.repo if request.repo is not None else state_dir
-    with open_provider(
-        recipe, repo, log_dir=state_dir / "logs", session=session, observer=observer
-    ) as provider:
-        cache = ArtifactCache(default_cache_dir(recipe.artifacts.cache_dir))
-        sides = {
-            side: _python_side(request, cache, provider, end, side)
-            for side, end in ((Side.GOOD, good), (Side.BAD, bad))
-        }
-        for side, path in sides.items():
-            observer(Note(f"{side} end's Python side: {path}"))
-        recipes = {str(side): side_recipe(recipe, path) for side, path in sides.items()}
-        with open_sides(
-            recipes, provider, repo=repo, state_dir=state_dir, session=session, tags=tags,
-            observer=observer,
-        ) as (evaluators, slots):
-            arms = {name: e.faithful for name, e in evaluators.items()}
-            yield (arms, slots, evaluators[str(Side.GOOD)].controls_for,
-                   lambda: _environment(recipes, sides))
-
-
-def _environment(recipes: Mapping[str, Recipe], sides: Mapping[Side, Path]) -> dict[str, Any]:
-    """What the report's environment block shows for a locate: the machine and the bad end's
-    Python side (as a bisect's pinned stack), and per side its package's version and the
-    sha256 of each compiled file it holds besides the swap set, so the report can say which
-    files were the same in every cell (issue 32: 0.27.0's Python side ran with 0.26.0's FA3,
-    and nothing in the report said so)."""
-    import hashlib
-
-    from bisect_tool.runtime.environment import environment_facts
-    from bisect_tool.runtime.schemas import is_extension
-
-    facts = environment_facts(recipes[str(Side.BAD)])
-    per_side: dict[str, Any] = {}
-    for side, path in sides.items():
-        swap = set(recipes[str(side)].artifacts.swap_set)
-        files: dict[str, str] = {}
-        for found in sorted(path.rglob("*")):
-            rel = found.relative_to(path).as_posix()
-            if found.is_file() and is_extension(rel) and rel not in swap:
-                digest = hashlib.sha256()
-                with found.open("rb") as fh:
-                    while block := fh.read(1 << 20):
-                        digest.update(block)
-                files[rel] = digest.hexdigest()
-        per_side[str(side)] = {"files": files}
-    facts["sides"] = per_side
-    return facts
-
-
-def compiled_only(recipe: Recipe) -> Recipe:
-    """The recipe with its swap set cut to the compiled files: in a cell they are the compiled
-    side; a Python file a recipe swaps too (demo-python swaps demollm/model.py) belongs to the
-    Python side, which is the end's whole package."""
-    from bisect_tool.runtime.schemas import is_extension
-
-    compiled = tuple(p for p in recipe.artifacts.swap_set if is_extension(p))
-    if not compiled:
-        raise UsageError(
-            f"recipe {recipe.name!r} swaps no compiled file "
-            f"({', '.join(recipe.artifacts.swap_set)}): there is no compiled side to locate"
-        )
-    return recipe.override("artifacts", swap_set=compiled)
+) -> AbstractContextManager[Sides]:
+    """The evaluators the recipe describes, one per Python side (``locate_sides``)."""
+    return open_python_sides(
+        request.recipe, {Side.GOOD: good, Side.BAD: bad}, state_dir=request.state_dir,
+        session=session, repo=request.repo, from_releases=request.releases is not None,
+        python_dirs=request.python_dirs, observer=observer,
+    )
 
 
 def whole_commits(recipe: Recipe) -> Recipe:
@@ -250,82 +184,45 @@ def whole_commits(recipe: Recipe) -> Recipe:
     return whole
 
 
-def _python_side(
-    request: LocateRequest, cache: Any, provider: Any, end: Candidate, side: Side
-) -> Path:
-    """The end's package with its own swap set: the folder given, else from its release wheel
-    (release ends), else from the clone."""
-    from bisect_tool.artifacts import stacks
-
-    package = request.recipe.artifacts.package
-    given = request.python_dirs.get(side)
-    if given is not None:
-        return stacks.side_from_dir(given, package)
-    swap = provider.get(end.sha, end.tags)  # the end's own compiled files (cache first)
-    key = f"{short(end.sha)}-{request.recipe.name}"
-    found = stacks.cached_side(cache, key)
-    if found is not None:
-        return found
-    if request.releases is not None:
-        return stacks.side_from_wheel(
-            cache, key, _release_wheel(request, provider, end), swap,
-            compiled_only(request.recipe).artifacts.swap_set,
-        )
-    assert request.repo is not None
-    return stacks.side_from_git(cache, key, request.repo, end.sha, package, swap)
-
-
-def _release_wheel(request: LocateRequest, provider: Any, end: Candidate) -> Path:
-    """The release's whole wheel (the artifact cache keeps only its swap set)."""
-    import tempfile
-
-    from bisect_tool.artifacts.pipindex import pip_index_url
-    from bisect_tool.artifacts.release_source import ReleaseSource
-
-    settings = request.recipe.artifacts
-    source = ReleaseSource(settings.index_url or pip_index_url(), settings.package,
-                           provider.downloader, provider.cache.dirs["downloads"])
-    work = Path(tempfile.mkdtemp(dir=provider.cache.dirs["tmp"]))
-    return source.fetch(end.sha, end.tags, work).path
-
-
 # -- the run ----------------------------------------------------------------------------------
 
 
-def locate(request: LocateRequest, observer: Observer = ignore) -> LocateOutcome:
-    """Run (or resume) the swap matrix to an answer or its budget."""
+def locate(
+    request: LocateRequest, observer: Observer = ignore, sides: OpenSides = recipe_sides
+) -> LocateOutcome:
+    """Run (or resume) the swap matrix to an answer or its budget, with the evaluators
+    ``sides`` opens."""
     request.state_dir.mkdir(parents=True, exist_ok=True)
     path = request.state_dir / LOCATE_JOURNAL
     good, bad, between = _ends(request)
-    contents = journal_mod.read(path) if path.exists() else None
-    if contents is not None and (contents.header.get("good"), contents.header.get("bad")) != (
-        good.sha, bad.sha
-    ):
-        if contents.end is None:
+
+    def goes_on(contents: journal_mod.JournalContents) -> bool:
+        """An unfinished locate of these ends goes on; a finished one is started afresh."""
+        if contents.end is not None:
+            return False
+        if (contents.header.get("good"), contents.header.get("bad")) != (good.sha, bad.sha):
             raise UsageError(
                 f"a locate of other ends is in progress in {request.state_dir}; finish it with "
                 "the same --good/--bad, or `bisect reset`"
             )
-        contents = None
-    if contents is None or contents.end is not None:
-        path.unlink(missing_ok=True)
-        journal_mod.create(path, _header(request, good, bad, between))
-        contents = journal_mod.read(path)
-    session = str(contents.header["session"])
-    with journaled(path) as journal, _evaluators(
-        request, good, bad, session, observer
-    ) as (arms, slots, controls_for, environment):
-        if not contents.of_type("environment"):
-            journal.append(entries.environment(environment()))
+        return True
+
+    with journal_mod.open_journal(
+        path, lambda: _header(request, good, bad, between), keep=goes_on
+    ) as opened, sides(
+        request, good, bad, str(opened.contents.header["session"]), observer
+    ) as cells:
+        opened.environment(cells.environment)
         design = LocateDesign(
             good, bad, confidence=request.recipe.search.confidence,
-            lifetimes_per_cell=request.lifetimes_per_cell, slots=slots,
+            lifetimes_per_cell=request.lifetimes_per_cell, slots=cells.slots,
             controls=request.recipe.probe.controls,
         )
-        for entry in contents.entries:
+        for entry in opened.contents.entries:
             design.apply(entry)
         finish = Engine(
-            journal, design, arms, parallel=slots, controls_for=controls_for, observer=observer
+            opened.journal, design, cells.arms, parallel=cells.slots,
+            controls_for=cells.controls_for, observer=observer,
         ).run()
     if finish.state is EndState.CONTROLS_FAILED:
         raise NoAnswer(finish.message)
@@ -410,4 +307,7 @@ def render(outcome: LocateOutcome) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["GG", "LocateOutcome", "LocateRequest", "locate", "render", "whole_commits"]
+__all__ = [
+    "GG", "LocateOutcome", "LocateRequest", "OpenSides", "Sides", "compiled_only", "locate",
+    "recipe_sides", "render", "whole_commits",
+]

@@ -2,12 +2,12 @@
 
 ``start`` writes the new journal (``bisect_tool.request``: the range resolved, the header) and
 resumes it; ``resume`` continues a journal (that is all a run is: replaying the journal and
-going on): the environment entry, then the bisect design (``designs.bisect``: controls, the
-tiers, the end) carried out by the one engine (``bisect_tool.engine``) with the evaluators the
-recipe describes (``bisect_tool.wiring``). A release-level run that found its flip goes on to
-the commits (``bisect_tool.handover``). The CLIs (``bisect start/resume``, ``bisect demo``)
-only parse flags, call these, and print. Progress goes to an observer as events
-(``bisect_tool.events``); the run never prints.
+going on), opened as every run's is (``journal.open_journal``): the environment entry, then the
+bisect design (``designs.bisect``: controls, the tiers, the end) carried out by the one engine
+(``bisect_tool.engine``) with the evaluators the recipe describes (``bisect_tool.wiring``). A
+release-level run that found its flip goes on to the commits (``bisect_tool.handover``). The
+CLIs (``bisect start/resume``, ``bisect demo``) only parse flags, call these, and print.
+Progress goes to an observer as events (``bisect_tool.events``); the run never prints.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bisect_tool import entries, handover, session
+from bisect_tool import handover, session
 from bisect_tool import journal as journal_mod
 from bisect_tool.cause import one_line, root_cause
 from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.designs.manual import next_manual_candidate
-from bisect_tool.engine import ControlsRunner, Engine, journaled
+from bisect_tool.engine import ControlsRunner, Engine
 from bisect_tool.errors import (
     BisectError,
     InfrastructureError,
@@ -36,7 +36,6 @@ from bisect_tool.events import Note, Observer, RunStarted, ignore
 from bisect_tool.interfaces import Evaluator, Gates
 from bisect_tool.journal import Journal
 from bisect_tool.range import Candidate, CommitRange
-from bisect_tool.recipe import Recipe
 from bisect_tool.request import StartRequest, create_journal
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState
@@ -138,7 +137,8 @@ def resume(
     observer(RunStarted(len(state.candidates), str(state.direction), len(state.seen_lifetimes)))
     end_leftovers(Path(header["repo"]) if header.get("repo") else None, journal_path.parent,
                   str(header.get("session", "")), observer)
-    with journaled(journal_path) as journal:
+    with journal_mod.open_journal(journal_path) as opened:
+        journal = opened.journal
         if mode == "run":
             from bisect_tool.newer_tests import NewerTests
 
@@ -154,13 +154,17 @@ def resume(
             bisect_loop(journal, state, Evaluators(evaluator), observer=observer,
                         seen_causes=_journal_causes(contents))
             return _outcome(state)
+        from bisect_tool.runtime.environment import environment_facts
+
         recipe = recipe_mod.from_dict_loose(header["recipe"])
         tags = {c.sha: c.tags for c in state.candidates}
         repo = Path(header["repo"]) if header.get("repo") else journal_path.parent
         with evaluator_factory(
             recipe, repo, header["session"], journal_path.parent, tags, observer
         ) as evaluators:
-            _environment(journal, state, contents, recipe)
+            written = opened.environment(lambda: environment_facts(recipe))
+            if written is not None:
+                state.apply(written)
             bisect_loop(
                 journal, state, evaluators, observer=observer,
                 controls=recipe.probe.controls and evaluators.has_controls,
@@ -413,18 +417,6 @@ def end_leftovers(
     if repo is not None:  # a release-level run without a clone has no worktrees
         remove_stale_worktrees(repo)
     return ended
-
-
-def _environment(
-    journal: Journal,
-    state: session.State,
-    contents: journal_mod.JournalContents,
-    recipe: Recipe,
-) -> None:
-    from bisect_tool.runtime.environment import environment_facts
-
-    if not any(e.get("type") == "environment" for e in contents.entries):
-        state.apply(journal.append(entries.environment(environment_facts(recipe))))
 
 
 def _outcome(state: session.State, next_candidate: Candidate | None = None) -> Outcome:

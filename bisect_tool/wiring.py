@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bisect_tool.engine import ControlsFor, ControlsRunner, _no_controls
 from bisect_tool.errors import RecipeError
@@ -29,6 +30,9 @@ from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.runtime.sizing import ReadCards, read_cards, size
 from bisect_tool.tiers import Tier
 from bisect_tool.values import ProbeKind
+
+if TYPE_CHECKING:
+    from bisect_tool.artifacts.provider import CachingProvider
 
 
 @dataclass(frozen=True)
@@ -229,14 +233,25 @@ def probe_kind(recipe: Recipe) -> ProbeKind:
 
 
 @contextmanager
-def open_provider(
+def open_compiled(
     recipe: Recipe, repo: Path, *, log_dir: Path, session: str, observer: Observer = ignore
-) -> Iterator[ArtifactProvider]:
+) -> Iterator[CachingProvider]:
+    """The provider of the recipe's compiled files (its swap set), whatever its Python side."""
     from bisect_tool.artifacts import make_provider
 
     with make_provider(
         recipe.artifacts, repo, log_dir=log_dir, progress=notes_to(observer), session=session,
         runtime=recipe.runtime, mainline=recipe.range.mainline,
+    ) as provider:
+        yield provider
+
+
+@contextmanager
+def open_provider(
+    recipe: Recipe, repo: Path, *, log_dir: Path, session: str, observer: Observer = ignore
+) -> Iterator[ArtifactProvider]:
+    with open_compiled(
+        recipe, repo, log_dir=log_dir, session=session, observer=observer
     ) as provider:
         if recipe.artifacts.python_side == "candidate":
             # whole commits: each candidate's own package with its compiled files (issue 40)

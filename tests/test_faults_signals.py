@@ -208,7 +208,6 @@ def test_a_signal_during_the_controls_does_not_wait_for_them(
     import threading
 
     from bisect_tool import session
-    from bisect_tool.engine import journaled
     from bisect_tool.errors import Interrupted
     from bisect_tool.range import Candidate, CommitRange
     from bisect_tool.recipe import Recipe
@@ -237,9 +236,10 @@ def test_a_signal_during_the_controls_does_not_wait_for_them(
     sender = threading.Thread(target=send)
     sender.start()
     try:
-        with pytest.raises((Interrupted, KeyboardInterrupt)), journaled(path) as journal:
-            state = session.replay(journal_mod.read(path))
-            bisect_loop(journal, state, evaluators, controls=True)
+        with pytest.raises((Interrupted, KeyboardInterrupt)), \
+                journal_mod.open_journal(path) as opened:
+            state = session.replay(opened.contents)
+            bisect_loop(opened.journal, state, evaluators, controls=True)
         assert controls.started.is_set()
         assert not controls.ended, "the run waited for the controls to end"
     finally:

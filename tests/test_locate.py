@@ -186,7 +186,7 @@ def test_a_sigterm_journals_every_lifetime_that_ended_and_none_half_done(
     from bisect_tool import engine as engine_mod
     from bisect_tool import locate as locate_mod
     from bisect_tool.errors import AbortError
-    from bisect_tool.locate import LocateRequest
+    from bisect_tool.locate import LocateRequest, Sides
     from bisect_tool.recipe import Recipe
     from bisect_tool.values import Observation, Verdict
 
@@ -214,21 +214,20 @@ def test_a_sigterm_journals_every_lifetime_that_ended_and_none_half_done(
             return Observation(commit, Verdict.DIVERGENT, lifetime_id, {}, "", 0.6)
 
     @contextmanager
-    def evaluators(*args: Any) -> Iterator[tuple[dict[str, Any], int, Any, Any]]:
+    def sides(*args: Any) -> Iterator[Sides]:
         one = DeadlineMidLifetime()
-        yield {"good": one, "bad": one}, slots, None, dict
+        yield Sides({"good": one, "bad": one}, slots)
 
     def as_completed(futures: Any) -> Any:
         waiting.set()
         return concurrent.futures.as_completed(futures)
 
-    monkeypatch.setattr(locate_mod, "_evaluators", evaluators)
     monkeypatch.setattr(engine_mod, "as_completed", as_completed)
     request = LocateRequest(repo.main[1], repo.main[0],
                             Recipe("t").override("probe", controls=False), tmp_path / "state",
                             repo=repo.path)
     with pytest.raises(AbortError, match="SIGTERM"):
-        locate_mod.locate(request)
+        locate_mod.locate(request, sides=sides)
     journal = [json.loads(line)
                for line in (tmp_path / "state" / "locate.jsonl").read_text().splitlines()]
     seen = [(e["lifetime_id"], e["verdict"]) for e in journal if e["type"] == "observation"]

@@ -191,6 +191,47 @@ class CachingProvider:
                 self._worker.start()
             self._cond.notify_all()
 
+    # --- Python sides (``bisect locate``) ---------------------------------------------------
+    def python_side(
+        self,
+        commit: str,
+        tags: Sequence[str],
+        *,
+        key: str,
+        package: str,
+        clone: Path | None = None,
+        index_url: str = "",
+    ) -> Path:
+        """The package of ``commit`` with its own swap set in place, as a folder the runtime can
+        pin (``artifacts.stacks``): cached under ``key``; else from the clone (``git archive``
+        of ``package/``), or, without one, from the commit's release wheel on ``index_url``
+        (pip's index when "")."""
+        from bisect_tool.artifacts import stacks
+
+        swap = self.get(commit, tags)  # its own compiled files (cache first)
+        found = stacks.cached_side(self.cache, key)
+        if found is not None:
+            return found
+        if clone is not None:
+            return stacks.side_from_git(self.cache, key, clone, commit, package, swap)
+        wheel = self.release_wheel(commit, tags, package=package, index_url=index_url)
+        return stacks.side_from_wheel(self.cache, key, wheel, swap, self.swap_set)
+
+    def release_wheel(
+        self, commit: str, tags: Sequence[str], *, package: str, index_url: str = ""
+    ) -> Path:
+        """The whole release wheel of the release ``tags`` name (the cache keeps only its swap
+        set), downloaded into this provider's scratch folder."""
+        from bisect_tool.artifacts.pipindex import pip_index_url
+        from bisect_tool.artifacts.release_source import ReleaseSource
+
+        if self.downloader is None:
+            raise UsageError("this artifact provider has no downloader to fetch a release wheel")
+        source = ReleaseSource(index_url or pip_index_url(), package, self.downloader,
+                               self.cache.dirs["downloads"])
+        work = Path(tempfile.mkdtemp(dir=self.cache.dirs["tmp"]))
+        return source.fetch(commit, tags, work).path
+
     def settle(self) -> None:
         """Wait until the lookahead has done what it may for now: nothing running, and nothing
         queued that could start (each started one finished, was deferred or cancelled)."""
