@@ -109,16 +109,21 @@ def open_wheel(wheel: Path) -> Iterator[zipfile.ZipFile]:
         yield archive
 
 
-def stream_member(archive: zipfile.ZipFile, member: str, dest: Path) -> tuple[str, int]:
-    """Write one member to ``dest`` (temp + rename); checks the zip CRC. Returns (sha256, size)."""
+def member_info(archive: zipfile.ZipFile, member: str) -> zipfile.ZipInfo:
+    """The zip entry of ``member``; a wheel without it is refused, naming similar members."""
     try:
-        info = archive.getinfo(member)
+        return archive.getinfo(member)
     except KeyError:
         near = [n for n in archive.namelist() if n.endswith(Path(member).name)][:3]
         hint = f"; similar: {', '.join(near)}" if near else ""
         raise ArtifactUnavailable(
             f"{Path(str(archive.filename)).name} has no member {member}{hint}"
         ) from None
+
+
+def stream_member(archive: zipfile.ZipFile, member: str, dest: Path) -> tuple[str, int]:
+    """Write one member to ``dest`` (temp + rename); checks the zip CRC. Returns (sha256, size)."""
+    info = member_info(archive, member)
     name = Path(str(archive.filename)).name
     packed = max(info.compress_size, 1)
     if info.file_size > MAX_MEMBER_BYTES or (

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.artifacts.download import Downloader, RangeStream, fetch_range, fetch_tail
-from bisect_tool.artifacts.extract import ExtractedFile, stream_member
+from bisect_tool.artifacts.extract import ExtractedFile, member_info, stream_member
 from bisect_tool.errors import ArtifactUnavailable
 
 #: the end-of-central-directory record (22 bytes without a comment) and the ZIP64 locator
@@ -160,14 +160,7 @@ def _spans(archive: zipfile.ZipFile, members: Sequence[str]) -> dict[str, tuple[
     start_dir = int(getattr(archive, "start_dir", 0)) or None
     spans: dict[str, tuple[int, int]] = {}
     for member in members:
-        try:
-            info = archive.getinfo(member)
-        except KeyError:
-            near = [n for n in archive.namelist() if n.endswith(Path(member).name)][:3]
-            hint = f"; similar: {', '.join(near)}" if near else ""
-            raise ArtifactUnavailable(
-                f"{Path(str(archive.filename)).name} has no member {member}{hint}"
-            ) from None
+        info = member_info(archive, member)
         i = bisect_right(offsets, info.header_offset)
         end = offsets[i] if i < len(offsets) else start_dir
         if end is None:
