@@ -11,7 +11,6 @@ because recipe validation reads them and the probes import the recipe.
 
 from __future__ import annotations
 
-from bisect_tool.errors import RecipeError
 from bisect_tool.kinds import command, op, server
 from bisect_tool.kinds.spec import ProbeSpec
 
@@ -26,7 +25,7 @@ DEFAULT = server.SPEC.name
 COMMAND = command.SPEC
 
 __all__ = ["COMMAND", "DEFAULT", "KINDS", "ProbeSpec", "find", "kind_choices", "narrow_choices",
-           "narrowing", "of"]
+           "narrowing"]
 
 
 def kind_choices() -> tuple[str, ...]:
@@ -37,14 +36,6 @@ def kind_choices() -> tuple[str, ...]:
 def narrow_choices() -> tuple[str, ...]:
     """What ``[probe] narrow`` may be ("": no fast stand-in)."""
     return ("", *(name for name, spec in KINDS.items() if spec.narrows))
-
-
-def of(name: str | None) -> ProbeSpec:
-    """The spec of a ``[probe] kind`` (none given: ``DEFAULT``'s)."""
-    spec = KINDS.get(name or DEFAULT)
-    if spec is None:
-        raise RecipeError(f"unknown [probe] kind {name!r}; one of: {', '.join(KINDS)}")
-    return spec
 
 
 def narrowing(name: str | None) -> ProbeSpec:
