@@ -18,8 +18,9 @@ from typing import Any
 
 from bisect_tool.errors import UsageError
 from bisect_tool.events import ControlsEnded, LifetimeEnded, LifetimeStarted, Note, Observer, ignore
+from bisect_tool.kinds import find
 from bisect_tool.recipe import Recipe
-from bisect_tool.values import Observation, ProbeKind, Verdict, short
+from bisect_tool.values import Observation, Verdict, short
 from bisect_tool.verdict import aggregate, trusted
 from bisect_tool.wiring import EvaluatorFactory, open_evaluators
 
@@ -52,13 +53,9 @@ def probe_commit(
 
     if lifetimes == 0 and not controls:
         raise UsageError("--lifetimes 0 probes nothing; give --lifetimes 1 or more, or --controls")
-    if recipe.probe.kind not in (ProbeKind.SERVER, ProbeKind.OP):
-        raise UsageError(
-            f"recipe {recipe.name!r} has [probe] kind {recipe.probe.kind!r}; --commit needs a "
-            "server or op probe (for a command, use `bisect start --run`)"
-        )
-    if controls and recipe.probe.kind != ProbeKind.SERVER:
-        raise UsageError("--controls needs a server probe; the op probe has no controls")
+    kind = find(recipe.probe.kind)
+    if controls and not kind.has_controls:
+        raise UsageError(f"--controls needs a server probe; the {kind.name} probe has no controls")
     git_repo = open_repo(repo_path)
     sha = resolve_ref(git_repo, ref)
     # Release tags let the download provider find the commit's published wheel.

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bisect_tool.errors import RecipeError, UsageError
-from bisect_tool.values import ProbeKind
+from bisect_tool.kinds import kind_choices, narrow_choices
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,6 @@ POSITIVE = Bound(0, low_open=True)
 AT_LEAST_0 = Bound(0)
 AT_LEAST_1 = Bound(1)
 PROBABILITY = Bound(0, 1, low_open=True, high_open=True)
-#: the fast probes a recipe may narrow with before its own probe confirms ("" = none)
-NARROW_KINDS = ("", ProbeKind.OP.value)
 
 BOUNDS: dict[str, dict[str, Bound]] = {
     "search": {
@@ -103,9 +101,9 @@ BOUNDS: dict[str, dict[str, Bound]] = {
 
 # Keys whose value must be one of a few words; anything else would only fail inside a child
 # process much later (the op check's child would refuse an unknown --abi with a usage error).
+# ``[probe] kind`` and ``narrow`` are the probe kinds' (``choices``, ``narrow_choices``).
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "probe": {"op_abi": ("torch", "ctypes"),
-              "kind": (ProbeKind.SERVER.value, ProbeKind.OP.value),
               "mode": ("repeats", "bs1-vs-bsN")},
     "runtime": {"backend": ("local", "docker", "ray"),
                 "docker_gpu": ("auto", "toolkit", "devices")},
@@ -116,9 +114,18 @@ CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
 ARTIFACT_SOURCES = ("wheel-index", "release", "local", "source-build")
 
 
+def choices(section: str) -> dict[str, tuple[str, ...]]:
+    """The words each key of ``section`` may be: ``CHOICES``, with ``[probe] kind`` from the
+    probe kinds registered now (``bisect_tool.kinds.KINDS``)."""
+    if section != "probe":
+        return CHOICES.get(section, {})
+    probe = CHOICES["probe"]
+    return {"op_abi": probe["op_abi"], "kind": kind_choices(), "mode": probe["mode"]}
+
+
 def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
     """Raise a one-line RecipeError for the first value of ``section`` out of its range."""
-    for key, allowed in CHOICES.get(section, {}).items():
+    for key, allowed in choices(section).items():
         if key in values and values[key] not in allowed:
             raise RecipeError(
                 f"{source}: '{section}.{key}' must be one of {', '.join(map(repr, allowed))}, "
@@ -143,9 +150,10 @@ def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
             f"{source}: 'runtime.lifetimes_per_gpu' must be \"auto\" or a whole number >= 1, "
             f"got {per_gpu!r}"
         )
-    if section == "probe" and values.get("narrow", "") not in NARROW_KINDS:
+    narrow = narrow_choices()
+    if section == "probe" and values.get("narrow", "") not in narrow:
         raise RecipeError(
-            f"{source}: 'probe.narrow' must be one of {', '.join(map(repr, NARROW_KINDS))}, "
+            f"{source}: 'probe.narrow' must be one of {', '.join(map(repr, narrow))}, "
             f"got {values['narrow']!r}"
         )
     if section == "range" and "release_tag" in values and "{version}" not in values["release_tag"]:

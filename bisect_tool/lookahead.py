@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from bisect_tool.kinds import find, narrowing
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
 from bisect_tool.tiers import Tier
-from bisect_tool.values import ProbeKind
 
 #: ``[artifacts] prefetch`` = -1: the run chooses K
 CHOSEN_BY_RUN = -1
@@ -56,11 +56,11 @@ def build_facts(recipe: Mapping[str, Any], tier: Tier) -> BuildFacts:
     probe = recipe.get("probe") or {}
     sources = tuple(artifacts.get("sources") or DEFAULT_SOURCES)
     source_builds = "source-build" in sources
-    kind = ProbeKind.OP if tier is Tier.NARROW else str(probe.get("kind") or ProbeKind.SERVER)
-    # host and docker builds both run here; an op check through ctypes runs on these CPUs too
-    # (a torch op check, a server lifetime or a Ray task keeps a GPU busy instead)
-    on_cpu = kind == ProbeKind.OP and probe.get("op_abi", "torch") == "ctypes"
-    return BuildFacts(source_builds, source_builds and on_cpu)
+    kind = narrowing(probe.get("narrow")) if tier is Tier.NARROW else find(probe.get("kind"))
+    # host and docker builds both run here; a probe that runs on these CPUs too (an op check
+    # through ctypes) competes with them (a torch op check, a server lifetime or a Ray task
+    # keeps a GPU busy instead)
+    return BuildFacts(source_builds, source_builds and kind.on_cpu(probe))
 
 
 def depth(setting: int, facts: BuildFacts, costs: Costs) -> int:
@@ -130,10 +130,10 @@ def lookahead(
 ) -> list[int]:
     """The positions to fetch while ``batch`` runs: at most K (``depth``), at the strategy's
     current costs (the run's measured ones); none when K is 0, and none for a run that fetches
-    nothing (no ``[artifacts]``: ``--run`` or manual; a command probe), which would only pay for
-    the picks (a copy of the search per outcome, every step)."""
+    nothing (no ``[artifacts]``: ``--run`` or manual), which would only pay for the picks (a
+    copy of the search per outcome, every step)."""
     artifacts = recipe.get("artifacts") or {}
-    if not artifacts or (recipe.get("probe") or {}).get("kind") == ProbeKind.RUN:
+    if not artifacts:
         return []
     k = depth(int(artifacts.get("prefetch", CHOSEN_BY_RUN)), build_facts(recipe, tier),
               strategy.summary().costs)

@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bisect_tool.errors import BisectError
+from bisect_tool.kinds import find
 from bisect_tool.preflight import Check, environment
 from bisect_tool.recipe import Recipe
 from bisect_tool.simhistories import Lifetimes, step
 from bisect_tool.simulate import Outcome, run_design
 from bisect_tool.strategy import Costs, Priors
 from bisect_tool.tiers import Tier
-from bisect_tool.values import Direction, ProbeKind
+from bisect_tool.values import Direction
 
 if TYPE_CHECKING:
     from bisect_tool.artifacts.origins import FetchEstimate, Origin
@@ -81,7 +82,7 @@ def assumed_p(recipe: Mapping[str, Any]) -> tuple[float, float]:
     beside it; q: Beta(0.5, 50)), or 1 and 0 for a deterministic probe (the op check runs
     fixed inputs: the same rows every run; tiers.narrow_priors)."""
     probe = recipe.get("probe") or {}
-    if probe.get("deterministic") or probe.get("kind") == ProbeKind.OP:
+    if probe.get("deterministic") or find(probe.get("kind")).deterministic:
         return 1.0, 0.0
     pri = Priors()
     p = pri.p_point_mass + (1 - pri.p_point_mass) * pri.p_alpha / (pri.p_alpha + pri.p_beta)
@@ -113,12 +114,13 @@ def simulate(
     rng = np.random.default_rng(seed)
     rows = [_one_run(header, p, q, rng, rejected, slots) for _ in range(max(1, trials))]
     probe = recipe.get("probe") or {}
-    # an op recipe's own runs are op runs, not server lifetimes
-    own_op = probe.get("kind") == ProbeKind.OP
-    runs = np.array([(r[0] + r[1], 0) if own_op else (r[0], r[1]) for r in rows], dtype=float)
+    # the own runs of a probe that boots no server (an op recipe's) are runs, not lifetimes
+    kind = find(probe.get("kind"))
+    own_runs = not kind.boots_server
+    runs = np.array([(r[0] + r[1], 0) if own_runs else (r[0], r[1]) for r in rows], dtype=float)
     fresh = [r[2] - cached for r in rows]
     controls = 0
-    if probe.get("kind", ProbeKind.SERVER) == ProbeKind.SERVER and probe.get("controls", True):
+    if kind.has_controls and probe.get("controls", True):
         controls = 1
     # the controls' lifetime shares the lifetimes' slots, unless it has one of its own
     shared_controls = 0 if (recipe.get("runtime") or {}).get("controls_own_slot") else controls
@@ -285,7 +287,7 @@ def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS)
     assumed, q = assumed_p(header["recipe"])
     # "auto" is sized from the card when the run starts: planned here as one a GPU
     slots = max(1, len(recipe.runtime.gpus) * (recipe.runtime.per_gpu() or 1)) \
-        if recipe is not None and recipe.probe.kind == ProbeKind.SERVER else 1
+        if recipe is not None and find(recipe.probe.kind).boots_server else 1
     expected = simulate(
         header, p=assumed if p is None else p, q=q, trials=trials, rejected=rejected,
         cached=cached, builds_at=builds_at, downloads_at=downloads_at, slots=slots,
@@ -349,8 +351,9 @@ def _gate(
     message per position; and why it was not asked, when it was not."""
     from bisect_tool.errors import IncompatibleExtension
 
-    if recipe.probe.kind != ProbeKind.SERVER or recipe.runtime.backend not in ("local", "docker"):
-        return {}, "" if recipe.probe.kind != ProbeKind.SERVER else \
+    server = find(recipe.probe.kind).boots_server
+    if not server or recipe.runtime.backend not in ("local", "docker"):
+        return {}, "" if not server else \
             f"the {recipe.runtime.backend} backend gates on its nodes"
     missing = [c.name for c in checks if c.required and not c.ok]
     if missing:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.errors import InfrastructureError
+from bisect_tool.kinds import find
 from bisect_tool.recipe import Recipe
-from bisect_tool.values import ProbeKind
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,15 @@ class Needs:
 
 def needs(recipe: Recipe) -> Needs:
     probe, runtime = recipe.probe, recipe.runtime
-    server = probe.kind == ProbeKind.SERVER
-    op_torch = ProbeKind.OP in (probe.kind, probe.narrow) and probe.op_abi == "torch"
+    kind = find(probe.kind)
+    kinds = [kind, *([find(probe.narrow)] if probe.narrow else [])]
+    server = kind.boots_server
+    settings = dataclasses.asdict(probe)
+    op_torch = any(k.needs_torch(settings) for k in kinds)
     vllm_server = server and runtime.server_module.startswith("vllm")
     local = runtime.backend == "local"
     return Needs(
-        interpreter=local and probe.kind in (ProbeKind.SERVER, ProbeKind.OP),
+        interpreter=local and kind.local_interpreter,
         torch=(vllm_server or op_torch) and runtime.backend != "docker",
         gpu=(vllm_server or op_torch) and runtime.backend != "ray",
         pinned_package=local and server and bool(runtime.server_module),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.errors import RecipeError
+from bisect_tool.kinds import DEFAULT as DEFAULT_KIND
 from bisect_tool.tomlvalues import check_value, did_you_mean
 
 BUNDLED_DIR = Path(__file__).parent / "recipes"
@@ -135,7 +136,9 @@ class RuntimeSettings:
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    kind: str = "server"  # "server" (determinism across repeats), "op" (focused kernel), "run"
+    # a name in bisect_tool.kinds.KINDS: "server" (determinism across repeats), "op" (focused
+    # kernel)
+    kind: str = DEFAULT_KIND
     requests: int = 31
     fillers: int = 13
     prefix_tokens: int = 16
@@ -207,7 +210,8 @@ class ProbeSettings:
     # schemas through bisect_op_schemas() and takes float32 rows (the demo's demollm/_kernels.so),
     # with no torch in the child at all.
     op_abi: str = "torch"
-    # run probe
+    # Read by no probe: the keys of a `[probe] kind = "run"` that recipe validation always
+    # refused (a command is `bisect start --run`); kept so every journal's recipe still loads.
     command: str = ""
     timeout_s: float = 0.0
 

@@ -56,6 +56,7 @@ from bisect_tool.designs import Item, drive
 from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JournalContents
+from bisect_tool.kinds import narrowing
 from bisect_tool.simhistories import (
     History,
     Lifetimes,
@@ -137,7 +138,7 @@ def search_header(
         search["max_evaluations"] = budget
     recipe: dict[str, Any] = {"search": search}
     if narrow:
-        recipe["probe"] = {"narrow": "op"}
+        recipe["probe"] = {"narrow": narrowing(None).name}
     return {
         "direction": str(history.direction),
         "mode": "recipe",

@@ -22,15 +22,6 @@ class Verdict(enum.StrEnum):
     UNTESTABLE = "untestable"  # could not run: no artifact, build/boot failure, ABI mismatch
 
 
-class ProbeKind(enum.StrEnum):
-    """What a recipe probes with (``[probe] kind``); ``bisect_tool.wiring.PROBES`` maps each to
-    its evaluators."""
-
-    SERVER = "server"  # determinism across repeats of a concurrent workload, per lifetime
-    OP = "op"  # the focused kernel check on a candidate's extension (no server)
-    RUN = "run"  # a command's exit status, like `git bisect run`
-
-
 class Direction(enum.StrEnum):
     """Which flip the search looks for."""
 

@@ -6,8 +6,10 @@ Python side, sharing one artifact provider and one GPU pool), and each Ray task 
 (``server_evaluator`` and ``controls_runner``). So the controls honour the recipe's
 ``control_attempts`` on every backend, and a lifetime is booted the same way everywhere.
 
-A probe kind is one factory in ``PROBES`` (``[probe] kind``) and a fast stand-in one in
-``NARROW`` (``[probe] narrow``): a new probe is one module and one line here.
+A probe kind (``[probe] kind``, its spec in ``bisect_tool.kinds``) is one factory in ``PROBES``,
+and a kind that may narrow (``[probe] narrow``) one more in ``NARROW``; both are keyed by the
+kinds' names, read from their specs (``tests/test_architecture.py`` holds them to
+``bisect_tool.kinds.KINDS``).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
 from bisect_tool.events import Note, Observer, ignore, notes_to
 from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
+from bisect_tool.kinds import find as spec_of
+from bisect_tool.kinds import op as op_kind
+from bisect_tool.kinds import server as server_kind
 from bisect_tool.newer_tests import NewerTests
 from bisect_tool.recipe import ProbeSettings, Recipe, RuntimeSettings
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.runtime.sizing import ReadCards, read_cards, size
 from bisect_tool.tiers import Tier
-from bisect_tool.values import ProbeKind
 
 if TYPE_CHECKING:
     from bisect_tool.artifacts.provider import CachingProvider
@@ -178,15 +182,6 @@ def _op(w: Wiring) -> Iterator[Evaluators]:
     yield Evaluators(op_evaluator(w))
 
 
-@contextmanager
-def _run_command(w: Wiring) -> Iterator[Evaluators]:
-    """A recipe whose probe is a command (``[probe] kind = "run"``), like ``--run``."""
-    yield Evaluators(command_evaluator(
-        w.recipe.probe.command, w.recipe.probe.timeout_s, repo=w.repo, state_dir=w.state_dir,
-        session=w.session, observer=w.observer,
-    ))
-
-
 def command_evaluator(
     command: str, timeout_s: float, *, repo: Path, state_dir: Path, session: str,
     observer: Observer = ignore, test_from: NewerTests | None = None,
@@ -201,12 +196,11 @@ def command_evaluator(
     )
 
 
-PROBES: dict[ProbeKind, ProbeFactory] = {
-    ProbeKind.SERVER: _server,
-    ProbeKind.OP: _op,
-    ProbeKind.RUN: _run_command,
+PROBES: dict[str, ProbeFactory] = {
+    server_kind.SPEC.name: _server,
+    op_kind.SPEC.name: _op,
 }
-NARROW: dict[str, NarrowFactory] = {ProbeKind.OP: op_evaluator}
+NARROW: dict[str, NarrowFactory] = {op_kind.SPEC.name: op_evaluator}
 
 
 def _narrow(w: Wiring, gate: Callable[[SwapSet], None] | None) -> Evaluator | None:
@@ -219,14 +213,14 @@ def _narrow(w: Wiring, gate: Callable[[SwapSet], None] | None) -> Evaluator | No
     return factory(w, gate)
 
 
-def probe_kind(recipe: Recipe) -> ProbeKind:
-    try:
-        return ProbeKind(recipe.probe.kind)
-    except ValueError:
+def probe_factory(recipe: Recipe) -> ProbeFactory:
+    factory = PROBES.get(recipe.probe.kind)
+    if factory is None:
         raise RecipeError(
             f"unknown [probe] kind {recipe.probe.kind!r} in recipe {recipe.name!r}; one of: "
-            + ", ".join(k.value for k in ProbeKind)
-        ) from None
+            + ", ".join(PROBES)
+        )
+    return factory
 
 
 # -- open ------------------------------------------------------------------------------------------
@@ -278,10 +272,10 @@ def open_evaluators(
     log_dir.mkdir(parents=True, exist_ok=True)
     recipe = tensor_parallel(sized(resolve_weights(recipe, progress=notes_to(observer)),
                                    observer))
-    kind = probe_kind(recipe)
+    factory = probe_factory(recipe)
     with open_provider(
         recipe, repo, log_dir=log_dir, session=session, observer=observer
-    ) as provider, PROBES[kind](
+    ) as provider, factory(
         Wiring(recipe, provider, repo, state_dir, session, tags, observer)
     ) as evaluators:
         yield evaluators
@@ -308,7 +302,7 @@ def open_sides(
     pool = gpu_pool(first.runtime, first.probe)
     with contextlib.ExitStack() as stack:
         sides = {
-            name: stack.enter_context(PROBES[probe_kind(recipe)](
+            name: stack.enter_context(probe_factory(recipe)(
                 Wiring(recipe, provider, repo, state_dir, session, tags, observer, pool)
             ))
             for name, recipe in recipes.items()
@@ -346,7 +340,7 @@ def tensor_parallel(recipe: Recipe) -> Recipe:
     (``TP_DETERMINISM_ENV``)."""
     runtime = recipe.runtime
     width = runtime.gpus_per_lifetime
-    if width <= 1 or recipe.probe.kind != ProbeKind.SERVER:
+    if width <= 1 or not spec_of(recipe.probe.kind).boots_server:
         return recipe
     args = list(runtime.server_args)
     if not any(a == TP_FLAG or a.startswith(TP_FLAG + "=") for a in args):
@@ -365,7 +359,7 @@ def sized(recipe: Recipe, observer: Observer = ignore, read: ReadCards = read_ca
     if runtime.per_gpu() is not None:
         return recipe
     one = replace(recipe, runtime=replace(runtime, lifetimes_per_gpu=1))
-    if not runtime.gpus or runtime.backend == "ray" or recipe.probe.kind != ProbeKind.SERVER:
+    if not runtime.gpus or runtime.backend == "ray" or not spec_of(recipe.probe.kind).boots_server:
         return one
     env = dict(runtime.env)
     if runtime.pinned_package_dir:

@@ -187,7 +187,7 @@ def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
 
 
 CORE = ["strategy", "verdict.py", "values.py", "events.py", "simulate.py", "simhistories.py",
-        "report"]
+        "report", "kinds"]
 
 
 def _ruff() -> str:
@@ -237,3 +237,94 @@ def test_lint_and_types_are_clean() -> None:
     if "No module named mypy" in mypy.stderr:
         pytest.skip("mypy is not installed (pip install -e '.[dev]')")
     assert mypy.returncode == 0, mypy.stdout[-3000:]
+
+
+# -- probe kinds: told apart by their specs, never by name --------------------------------------
+
+
+def _strings(node: ast.AST) -> set[str]:
+    """The string constants ``node`` is, or holds as a tuple, list or set."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return set().union(*(_strings(e) for e in node.elts))
+    return set()
+
+
+def kind_matches(root: Path = ROOT) -> list[str]:
+    """Lines outside ``bisect_tool/probes/`` that tell probe kinds apart by name: a comparison of
+    something called a kind with a kind's name (``probe.kind == "server"``,
+    ``report.get("probe_kind") in ("op", "run")``), a table keyed by two kinds' names, or the
+    retired ``ProbeKind`` enum. Each should read a field of the kind's spec
+    (``bisect_tool.kinds``)."""
+    from bisect_tool.kinds import COMMAND, KINDS
+
+    names = {*KINDS, COMMAND.name}
+    found: list[str] = []
+    for path in sorted((root / "bisect_tool").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("bisect_tool/probes/") or "demo/stack" in rel:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                said = set().union(*(_strings(n) for n in [node.left, *node.comparators]))
+                hit = bool(said & names) and "kind" in ast.unparse(node)
+            elif isinstance(node, ast.Dict):
+                keys = [k for k in node.keys if k is not None]
+                hit = len(set().union(*map(_strings, keys)) & names) >= 2
+            else:
+                hit = (isinstance(node, ast.Name) and node.id == "ProbeKind") or (
+                    isinstance(node, ast.Attribute) and node.attr == "ProbeKind")
+            if hit:
+                found.append(f"{rel}:{getattr(node, 'lineno', 0)}")
+    return found
+
+
+def test_no_module_outside_the_probes_matches_a_probe_kind_by_name() -> None:
+    assert kind_matches() == []
+
+
+def test_the_kind_check_sees_a_match_by_name(tmp_path: Path) -> None:
+    pkg = tmp_path / "bisect_tool"
+    (pkg / "probes").mkdir(parents=True)
+    (pkg / "report.py").write_text(
+        'def f(probe, report, kind):\n'
+        '    if probe.kind == "server":\n'
+        '        return 1\n'
+        '    if report.get("probe_kind") in ("op", "run"):\n'
+        '        return 2\n'
+        '    return {"server": 3, "op": 4}[kind]\n'
+        'def g(mode, entry_kind):\n'
+        '    return mode == "run" or entry_kind == "observation"\n'
+    )
+    (pkg / "probes" / "render.py").write_text('def f(kind):\n    return kind == "op"\n')
+    assert kind_matches(tmp_path) == ["bisect_tool/report.py:2", "bisect_tool/report.py:4",
+                                      "bisect_tool/report.py:6"]
+
+
+def test_one_line_in_the_registry_makes_a_probe_kind_a_recipe_may_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bisect_tool import kinds, recipe
+    from bisect_tool.errors import RecipeError
+
+    named = {"name": "x", "probe": {"kind": "echo"}}
+    narrowed = {"name": "x", "probe": {"narrow": "echo"}}
+    for data in (named, narrowed):
+        with pytest.raises(RecipeError, match="must be one of"):
+            recipe.from_dict(data)
+    monkeypatch.setitem(kinds.KINDS, "echo", kinds.ProbeSpec(name="echo", narrows=True))
+    assert recipe.from_dict(named).probe.kind == "echo"
+    assert recipe.from_dict(narrowed).probe.narrow == "echo"
+
+
+def test_every_probe_kind_has_its_evaluators_and_run_is_none() -> None:
+    """``[probe] kind = "run"`` was refused by recipe validation, so its factory never ran: a
+    command is ``bisect start --run`` (``bisect_tool.evaluate.command``), whose report the
+    ``COMMAND`` spec describes."""
+    from bisect_tool import kinds, wiring
+
+    assert set(wiring.PROBES) == set(kinds.KINDS)
+    assert set(wiring.NARROW) == set(kinds.narrow_choices()) - {""}
+    assert kinds.COMMAND.name not in kinds.KINDS
+    assert all(name == spec.name for name, spec in kinds.KINDS.items())

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from bisect_tool.values import ProbeKind, Verdict
+from bisect_tool.values import Verdict
 
 
 def probe_commit(
@@ -42,7 +42,7 @@ def probe_commit(
         elif isinstance(event, LifetimeStarted):
             click.echo(f"lifetime {event.lifetime_id}", err=True)
         elif isinstance(event, LifetimeEnded) and not as_json:
-            _echo_lifetime(event, recipe.probe.kind)
+            _echo_lifetime(event)
         elif isinstance(event, ControlsEnded) and not as_json:
             _echo_controls(event.entry)
 
@@ -77,14 +77,13 @@ def probe_commit(
     return verdict
 
 
-def _echo_lifetime(obs: Any, kind: str) -> None:
+def _echo_lifetime(obs: Any) -> None:
     """One ended lifetime (a ``LifetimeEnded`` event): its verdict line and its table."""
-    from bisect_tool.probes.render import render_op_detail, render_server_detail
+    from bisect_tool.probes.render import render_detail
 
     click.echo(f"\n== lifetime {obs.lifetime_id}: {obs.verdict.upper()}: {obs.message}")
     if obs.detail and obs.verdict != Verdict.UNTESTABLE:
-        render = render_op_detail if kind == ProbeKind.OP else render_server_detail
-        click.echo(render(obs.detail))
+        click.echo(render_detail(obs.detail))
 
 
 def _echo_controls(entry: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@
   both report apart from the verdict (apart.py: warm-up, prefix caching cold and warm).
 - ``run_controls`` / ``ControlsResult`` / ``gate`` (controls.py): positive and negative controls.
 - ``OpProbe`` (op.py, child script op_child.py): RMSNorm rows in 255- vs 300-row launches.
-- ``render_server_detail`` / ``render_op_detail`` (render.py): Markdown tables for the report.
+- ``render_server_detail`` / ``render_op_detail`` / ``render_detail`` (either, by the detail's
+  shape) (render.py): Markdown tables for the report.
 
 Names are imported lazily so that ``python -m bisect_tool.probes --extension`` needs no httpx.
 """
@@ -27,6 +28,7 @@ _EXPORTS = {
     "summarize_cases": "op",
     "render_server_detail": "render",
     "render_op_detail": "render",
+    "render_detail": "render",
 }
 
 __all__ = sorted(_EXPORTS)

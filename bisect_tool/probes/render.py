@@ -140,3 +140,11 @@ def render_op_detail(detail: Mapping[str, Any]) -> str:
         tail += f"\n\nCould not be checked: {op}: {_cell(why)}"
     return head + "\n\n" + _table(["op", "dtype", "hidden", "differing", "max abs diff"],
                                     rows) + tail
+
+
+def render_detail(detail: Mapping[str, Any]) -> str:
+    """What one run of either probe saw, told apart by its shape: the op probe's detail has its
+    ``groups`` (``bisect_tool.probes.op.summarize_cases``), a server lifetime's does not."""
+    if detail.get("groups") is not None:
+        return render_op_detail(detail)
+    return render_server_detail(detail)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from bisect_tool.kinds import find
 from bisect_tool.probes.metrics import StepBucket
 from bisect_tool.probes.render import render_op_detail
 from bisect_tool.report.plot import text_plot
@@ -72,15 +73,14 @@ def evidence_table(report: Mapping[str, Any], max_rows: int | None = None) -> li
     36 lifetime rows in the demo's report, 11 UNTESTABLE rows before any result in a GPU one).
     The logprob delta only up to the first differing token; an older journal's delta over the
     later positions is left out (``†``, see the notes)."""
-    op = report.get("probe_kind") == "op"
-    size_head = ("Max abs diff between launch sizes" if op else
-                 "Max \\|Δ logprob\\| up to the first differing token")
+    kind = find(report.get("probe_kind"))
+    size_head = kind.size_head
     tested = list(report["tested"])
     order = [r for r in tested if _ran(r)] + [r for r in tested if not _ran(r)]
     by_index: dict[int, list[Mapping[str, Any]]] = {}
     for lt in sorted(report["lifetimes"], key=lifetime_order):
         by_index.setdefault(int(lt["index"]), []).append(lt)
-    run = report.get("probe_kind") == "run"
+    run = not kind.detail_columns  # a command's exit status: nothing but the verdict
     width = 3 if run else 7
     summary = []
     others = [r for r in order if not _ran(r) and not r["role"]]
@@ -112,8 +112,7 @@ def evidence_table(report: Mapping[str, Any], max_rows: int | None = None) -> li
     for u in report["untestable"]:  # refused before any lifetime: no row of its own above
         if u["index"] not in {int(r["index"]) for r in tested}:
             summary.append([code(u["name"]), "**UNTESTABLE**", *["-"] * (width - 2)])
-    noun = "runs" if run or op else "lifetimes"
-    out = table(["Candidate", "Verdict", f"{noun.capitalize()} that showed it",
+    out = table(["Candidate", "Verdict", f"{kind.noun.capitalize()}s that showed it",
                  "Co-residency reached / target", "Distinct outputs / repeats (most)", size_head,
                  "What moved"][:width], summary)
     rows: list[list[str]] = []
@@ -141,7 +140,7 @@ def evidence_table(report: Mapping[str, Any], max_rows: int | None = None) -> li
     if len(shown) < len(rows):
         each += ["", f"and {len(rows) - len(shown)} more lifetimes: every one is in the JSON "
                  "report (`bisect report --format json`)."]
-    noun = "run" if op or run else "lifetime"
+    noun = kind.noun
     ran = sum(1 for r in order if by_index.get(int(r["index"])))
     return [*out, "", *details(f"Each {noun} ({plural(len(rows), noun)} of "
                                 f"{plural(ran, 'candidate')}, grouped the same way)", each)]
@@ -376,10 +375,10 @@ def _lifetimes_table(report: Mapping[str, Any]) -> list[str]:
 
 
 def _each_lifetime(report: Mapping[str, Any]) -> list[str]:
-    kind = report.get("probe_kind")
+    kind = find(report.get("probe_kind"))
     lines = ["#### Every lifetime", ""]
     others = report["lifetimes"]
-    if kind == "server":
+    if kind.boots_server:
         lines += [*_lifetimes_table(report), ""]
         # lifetimes of another probe in a server run's journal (none in a real run): as text
         others = [lt for lt in others if "mode" not in lt["detail"] and lt["log_tail"]]
@@ -395,7 +394,7 @@ def _each_lifetime(report: Mapping[str, Any]) -> list[str]:
         lt = group[0]
         named = [f"{x['name']} {x['number']}" for x in group]
         who = (f"{code(lt['name'])} {lt['number']}" if len(group) == 1 else
-               f"{len(group)} {'runs' if kind != 'server' else 'lifetimes'} "
+               f"{len(group)} {kind.noun}s "
                f"({_names(named)})")
         lines += [f"**{who}**: {verdict}"]
         if said:

@@ -22,6 +22,7 @@ from typing import Any
 
 from bisect_tool.errors import StateError
 from bisect_tool.journal import JournalContents
+from bisect_tool.kinds import COMMAND, DEFAULT, find
 from bisect_tool.report import (
     causes,
     confidence,
@@ -166,8 +167,8 @@ def build_report(
         "environment_block": environment.block(env, recipe, tested, lifetimes),
         "differences": differences,
         "recipe": _recipe_summary(recipe),
-        "probe_kind": "run" if header.get("run_command") else str(
-            (recipe.get("probe") or {}).get("kind", "server")),
+        "probe_kind": COMMAND.name if header.get("run_command") else str(
+            (recipe.get("probe") or {}).get("kind", DEFAULT)),
         "controls": controls,
         "tested": tested,
         "lifetimes": lifetimes,
@@ -379,16 +380,8 @@ def _recipe_summary(recipe: Mapping[str, Any]) -> dict[str, Any]:
     runtime = recipe.get("runtime") or {}
     probe = recipe.get("probe") or {}
     artifacts = recipe.get("artifacts") or {}
-    kind = probe.get("kind", "server")
-    keys: tuple[str, ...]
-    if kind == "server":
-        keys = ("requests", "fillers", "repeats", "max_tokens", "logprobs", "jitter_ms",
-                "target_coresidency", "invariance_env")
-    elif kind == "op":
-        keys = ("ops", "dtypes", "hidden_sizes", "seeds", "row_counts", "op_abi",
-                "invariance_env")
-    else:
-        keys = ("command", "timeout_s")
+    kind = probe.get("kind", DEFAULT)
+    keys = find(kind).recipe_keys
     return {
         "name": recipe.get("name"),
         "model": runtime.get("model"),

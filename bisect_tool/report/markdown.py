@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.cause import one_line
+from bisect_tool.kinds import find
 from bisect_tool.report import causes
 from bisect_tool.report import details as details_mod
 from bisect_tool.report.environment import reported_warning, short_list
@@ -157,7 +158,7 @@ def _how_sure_line(report: Mapping[str, Any]) -> str | None:
     if s["tiered"]:
         line = (f"{percent(s['lifetimes_alone'])} from the server lifetimes alone, "
                 f"{percent(s['confidence'])} with the op check's narrowing")
-    elif report.get("probe_kind") != "server":
+    elif not find(report.get("probe_kind")).boots_server:
         line = f"{percent(s['confidence'])} from the probe's runs"
     else:
         line = percent(s["confidence"])
@@ -252,7 +253,8 @@ def _how_sure_section(report: Mapping[str, Any]) -> list[str]:
             f"flips where they do ({percent(s['stand_in_prior'])} before them, "
             f"{percent(s['stand_in_probability'])} after)"])
     else:
-        what = "server lifetimes" if report.get("probe_kind") == "server" else "probe's runs"
+        what = ("server lifetimes" if find(report.get("probe_kind")).boots_server
+                else "probe's runs")
         rows.append([f"From the {what}", percent(s["confidence"])])
     rows.append(["The run stops at", f"{percent(s['stop_at'])} (asked {percent(s['asked'])})"])
     near, chance = s.get("nearest_good"), s.get("chance_clean_if_buggy")

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bisect_tool.journal import JournalContents
+from bisect_tool.kinds import narrowing as narrow_kind
 from bisect_tool.report.evidence import why
 from bisect_tool.report.names import index_of, name, num, rename, short_ref
 
@@ -123,7 +124,7 @@ def narrowing(
     fell_back = next((str(e.get("message") or "") for e in contents.of_type("phase")
                       if e.get("phase") == "faithful"), "")
     return {
-        "kind": state_tiers.get("kind") or "op",
+        "kind": state_tiers.get("kind") or narrow_kind(None).name,
         "phase": state_tiers.get("phase"),
         "what_ran": _what_ran(recipe.get("probe") or {}),
         "flip": name(by_sha[flip]) if flip in by_sha else short_ref(flip),

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
+from bisect_tool.kinds import DEFAULT, find
+
 #: flags that name this machine's folders or only change what the terminal shows
 _DROP_WITH_VALUE = ("--state-dir", "--repo", "--good-python", "--bad-python", "--cache-dir",
                     "--python")
@@ -248,7 +250,7 @@ def lifetime(recipe: Mapping[str, Any], model_dir: str | None) -> dict[str, str]
     runtime = recipe.get("runtime") or {}
     probe = recipe.get("probe") or {}
     module = str(runtime.get("server_module") or "")
-    if probe.get("kind", "server") != "server" or not module:
+    if not find(probe.get("kind", DEFAULT)).boots_server or not module:
         return None
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (runtime.get("env") or {}).items())
     model = model_dir or str(runtime.get("model") or "MODEL")
