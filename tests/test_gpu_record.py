@@ -33,7 +33,11 @@ def test_the_h100_record_against_issue_39s_limits() -> None:
     assert "card NVIDIA H100 80GB HBM3" in lines[0]
     assert _line(lines, "time to answer").endswith("default <= 120 s on one H100: NOT met")
     assert "325" in _line(lines, "time to answer") and "781" in _line(lines, "time to answer")
-    assert _line(lines, "confidence").endswith(">= 99%: met")
+    # issue 39's limit is on the lifetimes' own confidence: 96.7 % there (99.7 % only with the
+    # op check's narrowing), as the run's report says
+    assert _line(lines, "confidence").split()[1] == "99.7%"
+    assert _line(lines, "of the lifetimes alone").endswith(">= 99%: NOT met")
+    assert _line(lines, "of the lifetimes alone").split()[4] == "96.7%"
     assert "not measured" in _line(lines, "cold / cached")
     # the floor: the run's median boot and probe, plus the op tier's 27.7 s (4.9 .. 32.7 s)
     floor = _line(lines, "floor")
