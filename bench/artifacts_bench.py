@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bisect_tool.artifacts import make_provider  # noqa: E402
 from bisect_tool.artifacts.extract import extract_members, full_unzip  # noqa: E402
 from bisect_tool.artifacts.testing import WheelServer  # noqa: E402
-from bisect_tool.recipe import ArtifactSettings  # noqa: E402
+from bisect_tool.recipes.recipe import ArtifactSettings  # noqa: E402
 
 MEMBER = "vllm/_C_stable_libtorch.abi3.so"
 COMMIT = "c" * 40

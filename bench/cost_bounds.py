@@ -54,7 +54,7 @@ def log2_ceil(n: int) -> int:
 
 
 def _header(n: int, deterministic: bool, mode: str) -> dict[str, Any]:
-    from bisect_tool import session
+    from bisect_tool.designs import session
 
     return {
         "direction": "regression", "mode": mode,
@@ -66,8 +66,7 @@ def _header(n: int, deterministic: bool, mode: str) -> dict[str, Any]:
 def _runs(args: tuple[int, int, bool, str]) -> tuple[int, bool]:
     """(runs, named the flip) of one search over ``n`` candidates whose probe fails at every
     position >= ``flip`` and nowhere else (a deterministic probe)."""
-    from bisect_tool import session
-    from bisect_tool.designs import Item, drive, manual
+    from bisect_tool.designs import Item, drive, manual, session
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.journal import JournalContents
     from bisect_tool.values import Observation, Verdict
@@ -131,7 +130,7 @@ def deterministic_bounds(sizes: Sequence[int], flips_cap: int | None) -> None:
 
 
 def noisy_cost(trials: int, seeds: int) -> None:
-    from bisect_tool.simulate import simulate
+    from bisect_tool.designs.simulate import simulate
     from bisect_tool.strategy import Priors
 
     print(f"\n3. noisy cost: N=512 p=0.5 q=0.01, {trials} trials x {seeds} seeds "
@@ -167,8 +166,8 @@ def _bisect(*args: str) -> subprocess.CompletedProcess[str]:
 
 def demo(workdir: Path) -> None:
     from bisect_tool import journal as journal_mod
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.demo.history import generate
+    from bisect_tool.recipes import recipe as recipe_mod
 
     print("\n4. the demo: the demo-op recipe on the generated history (real host builds)")
     history = generate(workdir / "repo")
@@ -213,7 +212,7 @@ def demo(workdir: Path) -> None:
 
 def gpu_record(record: Path) -> None:
     from bisect_tool import journal as journal_mod
-    from bisect_tool import plan as plan_mod
+    from bisect_tool.run import plan as plan_mod
 
     print(f"\n5. the GPU record: {record.relative_to(ROOT)}")
     contents = journal_mod.read(record)

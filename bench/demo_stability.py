@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.demo.calibrate import Measurement, cpu_burner, measure, paired_line, wilson
+from bisect_tool.recipes import recipe as recipe_mod
 
 
 def demo_run(workdir: Path, commits: int) -> dict[str, Any]:

@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bisect_tool import recipe as recipe_mod  # noqa: E402
 from bisect_tool.demo.pinned import STACK_DIR, SWAP_PATH, ensure_pinned_build  # noqa: E402
 from bisect_tool.evaluate.server import server_evaluator  # noqa: E402
 from bisect_tool.interfaces import SwapSet  # noqa: E402
+from bisect_tool.recipes import recipe as recipe_mod  # noqa: E402
 from bisect_tool.runtime.gpus import GpuPool  # noqa: E402
 from bisect_tool.runtime.local import LocalBackend  # noqa: E402
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bisect_tool.artifacts import make_provider  # noqa: E402
 from bisect_tool.artifacts.cuda import PinnedCuda  # noqa: E402
 from bisect_tool.artifacts.wheelhost import HostedCommit, WheelHost  # noqa: E402
-from bisect_tool.recipe import ArtifactSettings  # noqa: E402
+from bisect_tool.recipes.recipe import ArtifactSettings  # noqa: E402
 
 MEMBER = "vllm/_C_stable_libtorch.abi3.so"
 MB = 1_000_000

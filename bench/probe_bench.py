@@ -27,7 +27,7 @@ import httpx
 from bisect_tool.interfaces import ServerHandle
 from bisect_tool.probes.server import ServerDeterminismProbe
 from bisect_tool.probes.workload import request_body
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bisect_tool import redact, runprobe  # noqa: E402
+from bisect_tool import redact  # noqa: E402
+from bisect_tool.runtime import runprobe  # noqa: E402
 
 VLLM_LINE = ("INFO 12-07 14:00:01 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 "
              "tokens/s, Avg generation throughput: 52.1 tokens/s, Running: 4 reqs, Waiting: 0 "

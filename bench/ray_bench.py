@@ -48,9 +48,9 @@ def _prepare(workdir: Path) -> tuple[Path, Path, str]:
 
 
 def inner(workdir: Path, gpus: int, lifetimes: int, out: Path) -> None:
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.artifacts import make_provider
     from bisect_tool.evaluate.ray import _node_evaluator, ray_evaluator
+    from bisect_tool.recipes import recipe as recipe_mod
 
     recipe = recipe_mod.load(str(workdir / "demo-recipe.toml"))
     sha = (workdir / "sha").read_text().strip()

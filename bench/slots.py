@@ -6,7 +6,7 @@ On the lent H100 (docs/bench/gpu-2026-12-07-h100, the --no-narrow run) the first
 controls and the bad end's first lifetime: the gate refused that release in 11 s, and the
 other slot then stood idle until the controls ended at 199 s, since the next lifetimes started
 only once the whole batch had. This runs the real engine and the real bisect design
-(``bisect_tool.engine``, ``designs.bisect``) over the same simulated histories twice, once as
+(``bisect_tool.run.engine``, ``designs.bisect``) over the same simulated histories twice, once as
 shipped (``refill``) and once with whole batches (``refill`` returning None, the engine before),
 with lifetimes as long as that record's were once they had a GPU (44-92 s; ``--scale`` wall
 seconds per GPU second) and showing the bug as often (p = 0.9 on the bad side, q = 0.01): the
@@ -49,16 +49,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bisect_tool import entries, session  # noqa: E402
-from bisect_tool.designs import Item, Work  # noqa: E402
+from bisect_tool.designs import (  # noqa: E402
+    Item,
+    Work,
+    session,  # noqa: E402
+)
 from bisect_tool.designs.bisect import BisectDesign  # noqa: E402
-from bisect_tool.engine import Engine  # noqa: E402
-from bisect_tool.journal import Journal, read  # noqa: E402
+from bisect_tool.journal import Journal, entries, read  # noqa: E402
 from bisect_tool.range import Candidate, CommitRange  # noqa: E402
-from bisect_tool.recipe import ProbeSettings, Recipe, RuntimeSettings  # noqa: E402
+from bisect_tool.recipes.recipe import ProbeSettings, Recipe, RuntimeSettings  # noqa: E402
+from bisect_tool.run.engine import Engine  # noqa: E402
+from bisect_tool.run.wiring import Evaluators, gpu_pool  # noqa: E402
 from bisect_tool.runtime.gpus import GpuPool  # noqa: E402
 from bisect_tool.values import Direction, Observation, Verdict  # noqa: E402
-from bisect_tool.wiring import Evaluators, gpu_pool  # noqa: E402
 
 #: the H100 record's server lifetimes once they had a GPU, seconds (docs/bench/gpu-2026-12-07-h100:
 #: tiered, then no-narrow; two at a time; the seconds spent waiting for the GPU slot the

@@ -1,4 +1,4 @@
-"""Progress as events: what the run owner (``bisect_tool.run``) tells whoever watches it.
+"""Progress as events: what the run owner (``bisect_tool.run.owner``) tells whoever watches it.
 
 The journal is the record and is written by the run itself; observers only show progress (a
 terminal view, plain log lines, a test that collects events). An observer must be cheap and

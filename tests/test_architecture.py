@@ -186,8 +186,8 @@ def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
     assert cycles(import_graph(tmp_path)) == [["bisect_tool.a", "bisect_tool.b"]]
 
 
-CORE = ["strategy", "verdict.py", "values.py", "events.py", "simulate.py", "simhistories.py",
-        "report", "kinds"]
+CORE = ["strategy", "designs", "verdict.py", "values.py", "events.py", "cause.py", "report",
+        "kinds"]
 
 
 def _ruff() -> str:
@@ -305,8 +305,9 @@ def test_the_kind_check_sees_a_match_by_name(tmp_path: Path) -> None:
 def test_one_line_in_the_registry_makes_a_probe_kind_a_recipe_may_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from bisect_tool import kinds, recipe
+    from bisect_tool import kinds
     from bisect_tool.errors import RecipeError
+    from bisect_tool.recipes import recipe
 
     named = {"name": "x", "probe": {"kind": "echo"}}
     narrowed = {"name": "x", "probe": {"narrow": "echo"}}
@@ -322,7 +323,8 @@ def test_every_probe_kind_has_its_evaluators_and_run_is_none() -> None:
     """``[probe] kind = "run"`` was refused by recipe validation, so its factory never ran: a
     command is ``bisect start --run`` (``bisect_tool.evaluate.command``), whose report the
     ``COMMAND`` spec describes."""
-    from bisect_tool import kinds, wiring
+    from bisect_tool import kinds
+    from bisect_tool.run import wiring
 
     assert set(wiring.PROBES) == set(kinds.KINDS)
     assert set(wiring.NARROW) == set(kinds.narrow_choices()) - {""}

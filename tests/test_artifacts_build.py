@@ -13,7 +13,7 @@ import pytest
 
 from bisect_tool.artifacts import make_provider
 from bisect_tool.errors import BuildFailed
-from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.recipes.recipe import ArtifactSettings
 
 SO = "demollm/_kernels.so"
 MAKEFILE = "demollm/_kernels.so: kernels.c\n\tmkdir -p demollm\n\tgcc -O2 -shared -fPIC -o $@ $<\n"
@@ -170,7 +170,7 @@ def test_host_build_carries_the_session_label_so_a_killed_run_can_end_it(tmp_pat
     import sys
     import textwrap
 
-    from bisect_tool.children import end_labelled
+    from bisect_tool.runtime.children import end_labelled
     from bisect_tool.runtime.local import _pids_with_env
 
     repo, shas = project
@@ -180,7 +180,7 @@ def test_host_build_carries_the_session_label_so_a_killed_run_can_end_it(tmp_pat
     script.write_text(textwrap.dedent(f"""
         from pathlib import Path
         from bisect_tool.artifacts import make_provider
-        from bisect_tool.recipe import ArtifactSettings
+        from bisect_tool.recipes.recipe import ArtifactSettings
         s = ArtifactSettings(**{dataclasses.asdict(slow)!r})
         with make_provider(s, Path({str(repo)!r}), session="sess-build-1") as p:
             p.get({shas["v1"]!r})

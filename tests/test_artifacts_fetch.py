@@ -19,7 +19,7 @@ from bisect_tool.artifacts.release_source import release_version
 from bisect_tool.artifacts.sources import LEGACY_WHEEL, wheel_rank
 from bisect_tool.artifacts.testing import Fault, WheelServer, make_wheel
 from bisect_tool.errors import ArtifactUnavailable
-from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.recipes.recipe import ArtifactSettings
 
 MEMBER = "vllm/_C_stable_libtorch.abi3.so"
 COMMIT = "a" * 40

@@ -34,8 +34,8 @@ from bisect_tool.artifacts.sources import CommitFacts
 from bisect_tool.artifacts.testing import byte_range, make_wheel
 from bisect_tool.artifacts.wheelhost import LEGACY_WHEEL, HostedCommit, WheelHost
 from bisect_tool.errors import ArtifactUnavailable
-from bisect_tool.plan import CandidateLine, availability, render_availability
-from bisect_tool.recipe import ArtifactSettings, RuntimeSettings
+from bisect_tool.recipes.recipe import ArtifactSettings, RuntimeSettings
+from bisect_tool.run.plan import CandidateLine, availability, render_availability
 
 MEMBER = "vllm/_C_stable_libtorch.abi3.so"
 A, B, C, D, E = (ch * 40 for ch in "abcde")

@@ -20,14 +20,13 @@ import pytest
 from gitrepos import run_cli
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import lookahead
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.artifacts import make_provider
 from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.demo.history import DemoHistory, generate
-from bisect_tool.recipe import ArtifactSettings
-from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
-from bisect_tool.tiers import Tier
+from bisect_tool.recipes import recipe as recipe_mod
+from bisect_tool.recipes.recipe import ArtifactSettings
+from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft, lookahead
+from bisect_tool.strategy.tiers import Tier
 from bisect_tool.values import Direction
 
 SO = "demollm/_kernels.so"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from bisect_tool import children
+from bisect_tool.runtime import children
 
 
 def test_no_group_that_is_not_a_probes_is_signalled() -> None:

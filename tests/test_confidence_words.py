@@ -12,8 +12,8 @@ import pytest
 from gitrepos import run_cli
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import session
 from bisect_tool.demo.summary import DemoOutcome, format_summary
+from bisect_tool.designs import session
 from bisect_tool.report import render_report
 from bisect_tool.values import percent, rate_text
 

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.demo import image, pinned
 from bisect_tool.demo.cli import write_recipe
 from bisect_tool.demo.history import generate
 from bisect_tool.labels import LABEL_SESSION, LABEL_TOOL, TOOL_NAME
+from bisect_tool.recipes import recipe as recipe_mod
+from bisect_tool.run.wiring import open_evaluators
 from bisect_tool.values import Verdict
-from bisect_tool.wiring import open_evaluators
 
 pytestmark = pytest.mark.docker
 

@@ -31,7 +31,7 @@ from bisect_tool.interfaces import ServerHandle
 from bisect_tool.probes.metrics import STEP_TOKENS, StepBucket, parse
 from bisect_tool.probes.render import render_server_detail
 from bisect_tool.probes.server import ServerDeterminismProbe
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 sys.path.insert(0, str(STACK_DIR))

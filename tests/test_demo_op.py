@@ -25,14 +25,14 @@ from pathlib import Path
 import pytest
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.cli import main
 from bisect_tool.demo.history import _BLOCK_LINE, _FIXED_BLOCK, DemoHistory, generate
 from bisect_tool.demo.pinned import STACK_DIR, run_build
 from bisect_tool.errors import RecipeError
 from bisect_tool.probes import op_child
 from bisect_tool.probes.op import CHILD_SCRIPT, OpProbe
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes import recipe as recipe_mod
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 SWITCH = {"VLLM_BATCH_INVARIANT": "1"}

@@ -21,7 +21,6 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.cli import main
 from bisect_tool.demo import pinned
 from bisect_tool.demo.cli import DEMO_RECIPES, write_recipe
@@ -38,6 +37,7 @@ from bisect_tool.demo.history import (
 from bisect_tool.demo.pinned import STACK_DIR, ensure_pinned_build
 from bisect_tool.errors import UsageError
 from bisect_tool.range import pr_number, resolve_range
+from bisect_tool.recipes import recipe as recipe_mod
 
 sys.path.insert(0, str(STACK_DIR))
 from demollm._custom_ops import Kernels  # noqa: E402

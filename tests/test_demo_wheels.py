@@ -15,7 +15,7 @@ from bisect_tool.demo.history import DemoHistory, generate
 from bisect_tool.demo.pinned import SWAP_PATH
 from bisect_tool.demo.wheels import demo_host, hosted_commits
 from bisect_tool.errors import ArtifactUnavailable
-from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.recipes.recipe import ArtifactSettings
 
 
 @pytest.fixture(scope="module")

@@ -46,4 +46,4 @@ def test_every_name_it_cites_resolves(name: str) -> None:
 
 def test_a_name_that_does_not_exist_is_caught() -> None:
     with pytest.raises((ImportError, AttributeError)):
-        resolve("bisect_tool.engine.NoSuchEngine")
+        resolve("bisect_tool.run.engine.NoSuchEngine")

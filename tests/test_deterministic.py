@@ -15,10 +15,10 @@ import pytest
 from gitrepos import Repo, long_linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import session
+from bisect_tool.designs import session
 from bisect_tool.errors import NoAnswer
-from bisect_tool.recipe import from_dict
-from bisect_tool.tiers import Tier
+from bisect_tool.recipes.recipe import from_dict
+from bisect_tool.strategy.tiers import Tier
 
 #: without the flag, a never-contradicting probe's runs at N = 252 and 60: the honest search's
 #: worst case over every flip (bench/cost_bounds.py prints it against 2 ceil(log2 N)); 20 and

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gitrepos import Repo, linear, run_cli, write_probe
 
-from bisect_tool.simulate import simulate
+from bisect_tool.designs.simulate import simulate
 
 N = 30
 
@@ -85,8 +85,7 @@ def test_simulated_good_end_bad_is_said_so_not_named() -> None:
 def _drive_scripted(good_end: list[bool], flip: int = 20, n: int = 40) -> tuple[object, object]:
     """The bisect design over ``n`` commits (a regression at ``flip``, p = 1 on the bad side)
     whose given good end answers ``good_end`` in turn (True: divergent), then clean."""
-    from bisect_tool import session
-    from bisect_tool.designs import Item, drive
+    from bisect_tool.designs import Item, drive, session
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.journal import JournalContents
     from bisect_tool.range import Candidate, CommitRange
@@ -134,8 +133,8 @@ def test_one_false_alarm_at_the_good_end_is_tested_then_the_answer_stands() -> N
 
 
 def test_the_doubt_shows_in_the_confidence_while_the_good_end_is_suspect() -> None:
-    from bisect_tool.ends import good_end_not_good
     from bisect_tool.strategy import BayesianStrategy
+    from bisect_tool.strategy.ends import good_end_not_good
     from bisect_tool.values import Direction
 
     s = BayesianStrategy(40, Direction.REGRESSION)
@@ -222,8 +221,8 @@ def test_the_good_end_and_the_commit_next_to_the_flip_run_clean_eight_and_nine_t
     """(1/2)^8 < 0.5 %, as the search holds its answer to 0.995 when 0.99 is asked, and half
     that for the flip's neighbour (it may be tried more than once): were either buggy at half
     its lifetimes or more, it would have shown."""
-    from bisect_tool.ends import clean_lifetimes_needed, clean_not_earned
     from bisect_tool.strategy import BayesianStrategy
+    from bisect_tool.strategy.ends import clean_lifetimes_needed, clean_not_earned
     from bisect_tool.values import Direction
 
     assert clean_lifetimes_needed(0.995) == 8 and clean_lifetimes_needed(0.999) == 10
@@ -260,7 +259,7 @@ def _issue_38_counts(near_flip: tuple[int, int]) -> object:
 
 
 def test_the_good_side_check_weighs_divergences_next_to_the_flip() -> None:
-    from bisect_tool.ends import good_side_check
+    from bisect_tool.strategy.ends import good_side_check
 
     summary = _issue_38_counts((2, 13))
     seen = good_side_check(summary)  # type: ignore[arg-type]
@@ -273,8 +272,8 @@ def test_the_good_side_check_weighs_divergences_next_to_the_flip() -> None:
 
 
 def test_one_false_alarm_far_from_the_flip_is_not_a_rate_step() -> None:
-    from bisect_tool.ends import good_side_check
     from bisect_tool.strategy import BayesianStrategy
+    from bisect_tool.strategy.ends import good_side_check
     from bisect_tool.values import Direction
 
     s = BayesianStrategy(31, Direction.REGRESSION)
@@ -286,13 +285,12 @@ def test_one_false_alarm_far_from_the_flip_is_not_a_rate_step() -> None:
 
 
 def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -> None:
-    from bisect_tool import session
-    from bisect_tool.designs import drive
+    from bisect_tool.designs import drive, session
     from bisect_tool.designs.bisect import BisectDesign
+    from bisect_tool.designs.simulate import search_header
     from bisect_tool.journal import JournalContents
     from bisect_tool.report import build_report, render_markdown
-    from bisect_tool.simhistories import Lifetimes, rate_step
-    from bisect_tool.simulate import search_header
+    from bisect_tool.strategy.simhistories import Lifetimes, rate_step
     from bisect_tool.values import Observation, Verdict
 
     history = rate_step(30, (17, 0.15), (26, 1.0), 0.0)
@@ -333,13 +331,12 @@ def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -
 def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
     """Option (c) of issue 38, stated: "were it buggy at rate r, n clean lifetimes would happen
     x % of the time", for the good end and for the commit next to the flip."""
-    from bisect_tool import session
-    from bisect_tool.designs import Item, drive
+    from bisect_tool.designs import Item, drive, session
     from bisect_tool.designs.bisect import BisectDesign
+    from bisect_tool.designs.simulate import search_header
     from bisect_tool.journal import JournalContents
     from bisect_tool.report import build_report, render_markdown
-    from bisect_tool.simhistories import Lifetimes, step
-    from bisect_tool.simulate import search_header
+    from bisect_tool.strategy.simhistories import Lifetimes, step
     from bisect_tool.values import Direction, Observation, Verdict
 
     history = step(30, 12, 1.0, 0.0, Direction.REGRESSION)

@@ -151,7 +151,7 @@ def test_second_start_and_resume_are_refused_while_a_run_is_live_then_resume_tak
     finally:
         proc.kill()
         proc.communicate()
-    # the probe's parent (bisect_tool.shepherd) is told by the kernel, and ends it
+    # the probe's parent (bisect_tool.runtime.shepherd) is told by the kernel, and ends it
     _wait_for(lambda: all(gone(p) for p in probes))
 
     code, out, _ = run_cli("status", "--repo", str(repo.path), "--state-dir", str(state))
@@ -428,7 +428,7 @@ def _serve_500(models_ok: bool):  # type: ignore[no-untyped-def]
 def test_http_500_is_reported_as_http_500(models_ok: bool, says: str, never: str) -> None:
     from bisect_tool.interfaces import ServerHandle
     from bisect_tool.probes.server import ServerDeterminismProbe
-    from bisect_tool.recipe import ProbeSettings
+    from bisect_tool.recipes.recipe import ProbeSettings
     from bisect_tool.values import Verdict
 
     server = _serve_500(models_ok)

@@ -12,14 +12,14 @@ import pytest
 from gitrepos import Repo, linear, run_cli
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import session
+from bisect_tool.designs import session
 from bisect_tool.errors import InfrastructureError, NoAnswer
 from bisect_tool.journal import Journal
 from bisect_tool.range import Candidate, CommitRange
-from bisect_tool.recipe import Recipe
-from bisect_tool.run import Attempt, bisect_loop, failure_cause, repeated_cause
+from bisect_tool.recipes.recipe import Recipe
+from bisect_tool.run.owner import Attempt, bisect_loop, failure_cause, repeated_cause
+from bisect_tool.run.wiring import Evaluators
 from bisect_tool.values import Direction, Observation, Verdict
-from bisect_tool.wiring import Evaluators
 
 N = 30
 MISSING = "ModuleNotFoundError: No module named 'vllm.entrypoints.openai.api_server'"
@@ -71,7 +71,7 @@ def test_the_cause_is_the_first_error_of_the_log_without_what_differs_per_candid
     assert causes == {MISSING}
     controls = ("the controls could not run: boot failed: lifetime control-a1b2c3d4e5f6-0: "
                 f"server exited with code 1 before /health; log tail:\n{MISSING}")
-    from bisect_tool.run import cause_of
+    from bisect_tool.run.owner import cause_of
 
     assert cause_of(controls) == MISSING  # the controls' failure is the lifetimes' one
     # the gate's refusal and a missing artifact or failed build are the candidate's own; a

@@ -17,7 +17,7 @@ from bisect_tool import journal as journal_mod
 from bisect_tool.errors import AbortError
 from bisect_tool.evaluate import RunCommandEvaluator
 from bisect_tool.probes.op import OpProbe
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 N = 16
@@ -110,7 +110,7 @@ def test_a_daemon_that_clears_its_environment_ends_with_the_lifetime(
     repo: Repo, tmp_path: Path, how: str
 ) -> None:
     """Issue 38: ``env -i setsid`` left the probe's group and its label, and outlived the run
-    and `bisect reset`. The probe's parent is a child subreaper (``bisect_tool.shepherd``):
+    and `bisect reset`. The probe's parent is a child subreaper (``bisect_tool.runtime.shepherd``):
     whatever the probe starts stays below it, and ends with it."""
     pidfile = tmp_path / "daemon.pid"
     command = _daemon(pidfile) + ("; sleep 30" if how == "times out" else f"; {BAD}")
@@ -261,7 +261,7 @@ def test_writing_a_chatty_probes_log_costs_about_what_reading_it_does(
     (before: 20-200x that; now 2-3x). The best of three each, as the machine is shared."""
     import time
 
-    from bisect_tool import runprobe
+    from bisect_tool.runtime import runprobe
 
     command = f"{printed} | head -c 30000000"
     log = tmp_path / "lifetime.log"

@@ -207,13 +207,13 @@ def test_a_signal_during_the_controls_does_not_wait_for_them(
     controls are not journaled (a resumed run asks for them again)."""
     import threading
 
-    from bisect_tool import session
+    from bisect_tool.designs import session
     from bisect_tool.errors import Interrupted
     from bisect_tool.range import Candidate, CommitRange
-    from bisect_tool.recipe import Recipe
-    from bisect_tool.run import bisect_loop
+    from bisect_tool.recipes.recipe import Recipe
+    from bisect_tool.run.owner import bisect_loop
+    from bisect_tool.run.wiring import Evaluators
     from bisect_tool.values import Direction
-    from bisect_tool.wiring import Evaluators
 
     shas = [f"{i:040x}" for i in range(1, 41)]
     rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
@@ -253,7 +253,7 @@ def test_a_closed_backend_boots_nothing_more(tmp_path: Path) -> None:
     backend has closed (and stopped the server it had)."""
     from bisect_tool.errors import InfrastructureError
     from bisect_tool.interfaces import LifetimeSpec, SwapSet
-    from bisect_tool.recipe import RuntimeSettings
+    from bisect_tool.recipes.recipe import RuntimeSettings
     from bisect_tool.runtime import LocalBackend
 
     backend = LocalBackend(RuntimeSettings(backend="local", python=sys.executable,
@@ -275,7 +275,7 @@ def test_a_closed_backend_boots_nothing_more(tmp_path: Path) -> None:
 # inside that __del__, where an exception is dropped ("Exception ignored in ...")
 _IN_FINALIZER = """
 import os, signal, subprocess, sys
-from bisect_tool import engine
+from bisect_tool.run import engine
 armed = []
 real_del, real_work = subprocess.Popen.__del__, engine.Engine._work
 def __del__(self):
@@ -329,7 +329,7 @@ def test_a_turn_left_open_by_an_interrupt_is_taken_over(repo: Repo) -> None:
     import fcntl
     import threading
 
-    from bisect_tool.worktrees import _TURNS, _git_common_dir, _turn
+    from bisect_tool.range.worktrees import _TURNS, _git_common_dir, _turn
 
     abandoned, done = [], threading.Event()
 

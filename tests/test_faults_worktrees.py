@@ -17,7 +17,7 @@ from gitrepos import Repo, git, linear, run_cli
 from bisect_tool import journal as journal_mod
 from bisect_tool.errors import InfrastructureError
 from bisect_tool.evaluate import RunCommandEvaluator
-from bisect_tool.worktrees import WorktreeError, remove_stale_worktrees, worktree
+from bisect_tool.range.worktrees import WorktreeError, remove_stale_worktrees, worktree
 
 N = 16
 FLIP = 11
@@ -79,7 +79,8 @@ def test_worktrees_of_threads_and_runs_never_collide(repo: Repo) -> None:
 def test_stale_cleanup_keeps_worktrees_of_live_runs(repo: Repo, tmp_path: Path) -> None:
     with worktree(repo.path, repo.main[0], session="live") as mine:
         code = (
-            "import sys; from pathlib import Path; from bisect_tool.worktrees import worktree\n"
+            "import sys; from pathlib import Path\n"
+            "from bisect_tool.range.worktrees import worktree\n"
             f"cm = worktree(Path({str(repo.path)!r}), {repo.main[1]!r}, session='other')\n"
             "print(cm.__enter__(), flush=True); sys.stdin.read()\n"
         )

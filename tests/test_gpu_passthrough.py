@@ -21,7 +21,7 @@ import pytest
 
 from bisect_tool.errors import InfrastructureError, RecipeError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime import gpu_passthrough as gp
 from bisect_tool.runtime.docker_backend import DockerBackend, container_spec
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bisect_tool import recipe
+from bisect_tool.recipes import recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "scripts" / "gpu"

@@ -65,8 +65,8 @@ def test_every_search_value_the_journal_or_the_strategy_refuses_is_refused_at_lo
 ) -> None:
     """The recipe check covers what the header check (entries.check_header) and the strategy would
     refuse later: a recipe that loads always gives a journal the tool can read back."""
-    from bisect_tool.entries import _SEARCH_NUMBERS, ShapeError, check_header
-    from bisect_tool.recipe import from_dict
+    from bisect_tool.journal.entries import _SEARCH_NUMBERS, ShapeError, check_header
+    from bisect_tool.recipes.recipe import from_dict
     from bisect_tool.strategy import BayesianStrategy, Priors
     from bisect_tool.values import Direction
 
@@ -104,8 +104,8 @@ def test_a_recipe_that_is_not_utf8_is_one_line(repo: Repo, tmp_path: Path) -> No
 def test_a_folder_named_like_a_bundled_recipe_does_not_shadow_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.demo.cli import write_recipe
+    from bisect_tool.recipes import recipe as recipe_mod
 
     for name in ("demo", "batch-invariance", "demo-op"):
         (tmp_path / name).mkdir()
@@ -128,7 +128,7 @@ def test_a_folder_named_like_a_bundled_recipe_does_not_shadow_it(
 
 def test_artifact_sources_known_to_the_recipe_check_are_the_providers() -> None:
     from bisect_tool.artifacts import KNOWN_SOURCES
-    from bisect_tool.limits import ARTIFACT_SOURCES
+    from bisect_tool.recipes.limits import ARTIFACT_SOURCES
 
     assert tuple(ARTIFACT_SOURCES) == tuple(KNOWN_SOURCES)
 
@@ -220,7 +220,7 @@ def test_the_report_names_the_interpreter_that_ran(
 def test_completion_offers_bundled_names_unless_the_word_looks_like_a_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bisect_tool.completion import complete_recipe
+    from bisect_tool.recipes.completion import complete_recipe
 
     (tmp_path / "demo").mkdir()
     monkeypatch.chdir(tmp_path)

@@ -9,7 +9,7 @@ import pytest
 from gitrepos import Repo, linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import session
+from bisect_tool.designs import session
 from bisect_tool.errors import CorruptJournal, StateError
 from bisect_tool.range import resolve_range
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bisect_tool import journal as journal_mod
 from bisect_tool import report as report_mod
-from bisect_tool import session
+from bisect_tool.designs import session
 from bisect_tool.errors import StateError
 
 FIXTURE = HealthCheck.function_scoped_fixture

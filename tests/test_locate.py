@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from gitrepos import run_cli
 
-from bisect_tool.matrix import (
+from bisect_tool.strategy.matrix import (
     BB,
     BG,
     BUGGY,
@@ -183,11 +183,11 @@ def test_a_sigterm_journals_every_lifetime_that_ended_and_none_half_done(
 
     from gitrepos import linear
 
-    from bisect_tool import engine as engine_mod
-    from bisect_tool import locate as locate_mod
     from bisect_tool.errors import AbortError
-    from bisect_tool.locate import LocateRequest, Sides
-    from bisect_tool.recipe import Recipe
+    from bisect_tool.recipes.recipe import Recipe
+    from bisect_tool.run import engine as engine_mod
+    from bisect_tool.run import locate as locate_mod
+    from bisect_tool.run.locate import LocateRequest, Sides
     from bisect_tool.values import Observation, Verdict
 
     repo = linear(tmp_path / "repo", 2)
@@ -242,9 +242,9 @@ def test_a_sigterm_journals_every_lifetime_that_ended_and_none_half_done(
 
 
 def test_whole_commits_recipe_takes_the_package_with_each_candidate() -> None:
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.errors import RecipeError
-    from bisect_tool.locate import whole_commits
+    from bisect_tool.recipes import recipe as recipe_mod
+    from bisect_tool.run.locate import whole_commits
 
     r = whole_commits(recipe_mod.load("demo-python"))
     assert r.artifacts.swap_set == ("demollm/_kernels.so",)  # model.py comes with the package
@@ -309,7 +309,7 @@ def subprocess_rev(repo: Path, ref: str) -> str:
 
 def test_a_whole_package_replaces_the_pinned_one_and_is_not_gated(tmp_path: Path) -> None:
     from bisect_tool.interfaces import SwapSet
-    from bisect_tool.recipe import RuntimeSettings
+    from bisect_tool.recipes.recipe import RuntimeSettings
     from bisect_tool.runtime.local import LocalBackend
     from bisect_tool.runtime.overlay import overlay
 

@@ -16,10 +16,10 @@ import pytest
 from gitrepos import linear, run_cli
 
 from bisect_tool.errors import AbortError, UsageError
-from bisect_tool.locate import LocateRequest, Sides, locate, render
-from bisect_tool.matrix import Explanation
 from bisect_tool.range import Candidate
-from bisect_tool.recipe import Recipe
+from bisect_tool.recipes.recipe import Recipe
+from bisect_tool.run.locate import LocateRequest, Sides, locate, render
+from bisect_tool.strategy.matrix import Explanation
 from bisect_tool.values import Observation, Verdict
 
 #: (Python side, compiled side's commit) -> divergent?

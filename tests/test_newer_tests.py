@@ -18,7 +18,7 @@ from gitrepos import run_cli
 
 from bisect_tool.demo.history import BAD_TAG, GOOD_TAG, DemoHistory, generate
 from bisect_tool.errors import UsageError
-from bisect_tool.newer_tests import ENV_FOLDER, export, place
+from bisect_tool.range.newer_tests import ENV_FOLDER, export, place
 
 TEST_FILE = "tests/test_rms_norm_pinned.py"
 REGRESSION_TEST = '''\

@@ -195,7 +195,7 @@ def test_release_wheels_from_a_file_index_and_find_links_are_used_in_place(
 
     from bisect_tool.artifacts import make_provider
     from bisect_tool.demo.pinned import SWAP_PATH
-    from bisect_tool.recipe import ArtifactSettings
+    from bisect_tool.recipes.recipe import ArtifactSettings
 
     project = tmp_path / "file-index" / PACKAGE
     project.mkdir(parents=True)

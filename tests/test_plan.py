@@ -16,13 +16,13 @@ import pytest
 from gitrepos import run_cli
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.demo import pinned
 from bisect_tool.demo.cli import write_recipe
 from bisect_tool.demo.history import DemoHistory, generate
 from bisect_tool.errors import InfrastructureError, NoAnswer
 from bisect_tool.range import resolve_range
+from bisect_tool.recipes import recipe as recipe_mod
 
 SO = pinned.SWAP_PATH
 #: a demo kernel whose rms_norm takes no weight: the pinned stack's gate must refuse it
@@ -301,7 +301,7 @@ def test_the_plan_counts_the_controls_off_the_lifetimes_slots_where_they_have_th
     lifetime (and nothing else changes)."""
     import copy
 
-    from bisect_tool.plan import simulate
+    from bisect_tool.run.plan import simulate
 
     record = Path(__file__).parents[1] / "docs/bench/gpu-2026-12-07-h100/journal-tiered.jsonl"
     header = journal_mod.read(record).header
@@ -373,8 +373,8 @@ def test_plan_run_inside_a_clone_checks_the_pinned_stack_not_the_clones_package(
     """Issue 41: `bisect plan` asked the pinned interpreter from the caller's folder, so inside a
     clone (`python -c` puts the cwd first on sys.path) it found the clone's own uncompiled
     package and said "ready" where `start` then failed. It asks as the runtime does."""
-    from bisect_tool import preflight
-    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.recipes import recipe as recipe_mod
+    from bisect_tool.run import preflight
     from bisect_tool.runtime.environment import environment_facts
 
     recipe_path, _, _ = demo

@@ -19,7 +19,7 @@ from bisect_tool.probes.metrics import gauge_sum
 from bisect_tool.probes.render import render_op_detail, render_server_detail
 from bisect_tool.probes.server_verdict import decide, target_coresidency, validate_settings
 from bisect_tool.probes.workload import build_workload, request_body
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 

@@ -20,7 +20,7 @@ from bisect_tool.probes.controls import (
     run_controls,
 )
 from bisect_tool.probes.server import ServerDeterminismProbe
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 W = 6

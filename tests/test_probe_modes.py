@@ -27,7 +27,7 @@ from bisect_tool.probes.batch_sizes import (
 from bisect_tool.probes.compare import Sample
 from bisect_tool.probes.render import render_server_detail
 from bisect_tool.probes.server import ServerDeterminismProbe
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 BI = {"VLLM_BATCH_INVARIANT": "1"}

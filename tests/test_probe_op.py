@@ -15,7 +15,7 @@ import pytest
 
 from bisect_tool.probes.op import CHILD_SCRIPT, OpProbe, op_verdict, summarize_cases
 from bisect_tool.probes.op_child import compare_rows
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 PROBES = Path(__file__).resolve().parents[1] / "bisect_tool" / "probes"
@@ -123,8 +123,9 @@ def test_probe_modules_import_only_stdlib_click_httpx_numpy(path: Path) -> None:
             root = name.split(".")[0]
             assert root in sys.stdlib_module_names or root in ALLOWED, f"{path.name}: {name}"
             if root == "bisect_tool":
-                assert name in {"bisect_tool.errors", "bisect_tool.values", "bisect_tool.recipe",
-                                "bisect_tool.interfaces", "bisect_tool.clitypes",
+                assert name in {"bisect_tool.errors", "bisect_tool.values",
+                                "bisect_tool.recipes.recipe", "bisect_tool.interfaces",
+                                "bisect_tool.clitypes",
                                 } or name.startswith("bisect_tool.probes"), f"{path.name}: {name}"
     if path.name == "op_child.py":
         assert not any(isinstance(n, ast.ImportFrom) and n.module and

@@ -28,7 +28,7 @@ from bisect_tool.probes.op_cases import (
     run_schema_case,
 )
 from bisect_tool.probes.op_child import compare_rows
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 # As torch prints a registered schema (str(op.default._schema)): aliases instead of bare "!"
@@ -298,7 +298,7 @@ def test_an_optional_op_that_cannot_run_is_named_and_the_rest_stands() -> None:
 
 
 def test_the_moe_recipes_op_check_asks_for_the_moe_ops_beside_the_norms(tmp_path: Path) -> None:
-    from bisect_tool import recipe
+    from bisect_tool.recipes import recipe
 
     probe = recipe.load("batch-invariance-moe").probe
     cmd = OpProbe(probe, python="/opt/py").command(tmp_path / "_C.so", [tmp_path / "_moe_C.so"])

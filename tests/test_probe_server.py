@@ -12,7 +12,7 @@ from probe_servers import Behaviour, output_for, serve
 
 from bisect_tool.interfaces import ServerHandle
 from bisect_tool.probes.server import ServerDeterminismProbe
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 W = 8  # 5 requests + 3 fillers

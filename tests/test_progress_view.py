@@ -113,7 +113,7 @@ def test_the_counts_keep_op_runs_apart_never_restart_and_never_go_up() -> None:
     import io
 
     from bisect_tool.events import RunStarted
-    from bisect_tool.progress import PlainLines
+    from bisect_tool.run.progress import PlainLines
 
     out = io.StringIO()
     lines = PlainLines(out, lifetimes=False)
@@ -140,7 +140,7 @@ def test_the_counts_keep_op_runs_apart_never_restart_and_never_go_up() -> None:
 
 
 def test_clip_cuts_at_a_word_with_an_ellipsis() -> None:
-    from bisect_tool.progress import clip
+    from bisect_tool.run.progress import clip
 
     assert clip("short", 60) == "short"
     assert clip("one two three four", 12) == "one two…"

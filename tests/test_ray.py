@@ -166,7 +166,7 @@ def test_ray_lifetimes_share_gpus_or_span_several_and_each_commit_ships_once(
     from concurrent.futures import ThreadPoolExecutor
 
     from bisect_tool.evaluate.ray import RayEvaluator
-    from bisect_tool.recipe import ProbeSettings, RuntimeSettings
+    from bisect_tool.recipes.recipe import ProbeSettings, RuntimeSettings
 
     swap = _swap(tmp_path)
     fake = _FakeRay(gpus=2)
@@ -217,8 +217,8 @@ def _demo_recipe(workdir: Path) -> Path:
     """The bundled demo recipe with the pinned stack and cache filled in, as `bisect demo` does."""
     import re
 
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.demo import pinned
+    from bisect_tool.recipes import recipe as recipe_mod
 
     pinned.ensure_pinned_build()
     text = recipe_mod.find("demo").read_text()
@@ -467,10 +467,10 @@ def _faults(workdir: Path, recipe_path: Path, bad_tag: str) -> dict[str, Any]:
     a cancelled lifetime (what Ctrl-C does)."""
     import dataclasses
 
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.artifacts import make_provider
     from bisect_tool.errors import AbortError
     from bisect_tool.evaluate.ray import ray_evaluator
+    from bisect_tool.recipes import recipe as recipe_mod
 
     found: dict[str, Any] = {}
     recipe = recipe_mod.load(str(recipe_path))
@@ -691,10 +691,10 @@ def drive_spread(workdir: Path, address: str, out: Path) -> None:
 
     import ray as ray_mod
 
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.artifacts import make_provider
     from bisect_tool.demo.history import generate
     from bisect_tool.evaluate.ray import ray_evaluator
+    from bisect_tool.recipes import recipe as recipe_mod
 
     result: dict[str, Any] = {"error": ""}
     try:
@@ -790,7 +790,7 @@ def test_the_controls_on_a_ray_node_honour_the_recipes_attempts(
 
     from bisect_tool.evaluate import ray as ray_mod
     from bisect_tool.interfaces import ProbeResult, ServerHandle
-    from bisect_tool.recipe import ProbeSettings, RuntimeSettings
+    from bisect_tool.recipes.recipe import ProbeSettings, RuntimeSettings
     from bisect_tool.values import Verdict
 
     boots: list[str] = []

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from bisect_tool import recipe
 from bisect_tool.demo.model_facts import DEMO_VOCAB_SIZE
 from bisect_tool.demo.pinned import BUILD_COMMAND, SERVER_MODULE, SWAP_PATH
 from bisect_tool.errors import RecipeError
+from bisect_tool.recipes import recipe
 
 
 def test_bundled_recipes_are_listed_and_load() -> None:

@@ -9,10 +9,10 @@ import pytest
 from conftest import Libraries
 from gitrepos import Repo, linear, run_cli, write_probe
 
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.errors import NoAnswer, RecipeError, UsageError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes import recipe as recipe_mod
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.redact import REDACTED, is_secret_name
 from bisect_tool.runtime import LocalBackend
 

@@ -201,8 +201,8 @@ def test_a_merge_base_that_is_bad_stops_and_names_the_fix_on_the_older_branch(
 def test_a_change_of_the_wheels_cuda_is_kept_by_the_recipes_path_filter(tmp_path: Path) -> None:
     # vLLM #39878 changed every wheel from the release pipeline, touching no source file: the
     # recipes' filters keep what a build reads, not only csrc/ (issue 37, item 4)
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.demo.history import generate
+    from bisect_tool.recipes import recipe as recipe_mod
 
     history = generate(tmp_path / "repo", commits=80)
     for name in ("demo", "demo-op", "demo-python"):
@@ -235,7 +235,7 @@ def test_the_next_step_after_releases_uses_the_recipe_that_reaches_commits() -> 
     # a release-level run keeps only release wheels in its header's recipe; the command it
     # prints for the commits between two releases must name the recipe as the user gave it
     # (issue 41: "its recipe's sources refuse every commit without a release tag")
-    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.recipes import recipe as recipe_mod
     from bisect_tool.report import span
     from bisect_tool.report.markdown import _next_line
 

@@ -28,7 +28,7 @@ from bisect_tool.artifacts.releases import (
 )
 from bisect_tool.demo.pinned import SWAP_PATH
 from bisect_tool.errors import RangeError
-from bisect_tool.recipe import ArtifactSettings
+from bisect_tool.recipes.recipe import ArtifactSettings
 from bisect_tool.values import Direction
 
 URL = "https://index.example/simple"

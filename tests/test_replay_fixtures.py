@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import session
-from bisect_tool.designs import Finish
+from bisect_tool.designs import Finish, session
 from bisect_tool.designs.locate import LocateDesign
 from bisect_tool.range import Candidate
 from bisect_tool.report import build_report

@@ -11,10 +11,10 @@ from typing import Any
 from gitrepos import run_cli
 from mdtables import rows
 
-from bisect_tool import locate as locate_mod
-from bisect_tool import recipe as recipe_mod
-from bisect_tool.matrix import Explanation, Finding
 from bisect_tool.range import Candidate
+from bisect_tool.recipes import recipe as recipe_mod
+from bisect_tool.run import locate as locate_mod
+from bisect_tool.strategy.matrix import Explanation, Finding
 
 RELEASES = Path(__file__).resolve().parent.parent / "docs" / "h200" / "releases"
 DECIDED = RELEASES / "locate-fa3-pinned.jsonl"

@@ -329,7 +329,7 @@ def test_replay_prints_its_answer_and_the_report_command_on_lines_of_their_own()
 
 def test_the_plot_shows_the_op_check_and_names_the_candidates(tmp_path: Path) -> None:
     contents = journal_mod.read(RELEASES)
-    from bisect_tool import session
+    from bisect_tool.designs import session
 
     report = build_report(contents, session.replay(contents).search_state())
     plot = text_plot(report)

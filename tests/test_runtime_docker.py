@@ -18,7 +18,7 @@ from test_runtime_local import run_driver
 
 from bisect_tool.errors import BootFailed, IncompatibleExtension, InfrastructureError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime import make_backend
 from bisect_tool.runtime.docker_backend import DockerBackend, container_spec
 

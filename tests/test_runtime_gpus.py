@@ -29,7 +29,7 @@ def _server_evaluator(tmp_path: Path, backend: Any, probe: Any, pool: GpuPool,
                       boot_lock: Any = None) -> Any:
     """A server evaluator over ``backend`` whose lifetimes run ``probe``, on ``pool``'s GPUs."""
     from bisect_tool.evaluate.server import server_evaluator
-    from bisect_tool.recipe import Recipe
+    from bisect_tool.recipes.recipe import Recipe
 
     evaluator = server_evaluator(Recipe("t"), _Given(), backend, session="s", log_dir=tmp_path,
                                  tags={}, gpu_lease=pool.lease, boot_lock=boot_lock)
@@ -152,9 +152,9 @@ def test_with_controls_own_slot_the_controls_run_beside_two_lifetimes_on_one_gpu
 
     from bisect_tool.evaluate.server import controls_runner
     from bisect_tool.interfaces import ProbeResult, ServerHandle
-    from bisect_tool.recipe import ProbeSettings, from_dict
+    from bisect_tool.recipes.recipe import ProbeSettings, from_dict
+    from bisect_tool.run.wiring import gpu_pool
     from bisect_tool.values import Verdict
-    from bisect_tool.wiring import gpu_pool
 
     recipe = from_dict({"name": "r", "runtime": {"gpus": ["0"], "lifetimes_per_gpu": 2,
                                                  "controls_own_slot": True}})
@@ -206,7 +206,7 @@ def test_a_lifetime_that_waited_for_a_gpu_says_so_and_its_boot_leaves_the_wait_o
 
     from bisect_tool.events import LifetimeEnded
     from bisect_tool.interfaces import ProbeResult, ServerHandle
-    from bisect_tool.progress import describe
+    from bisect_tool.run.progress import describe
     from bisect_tool.values import Verdict
 
     pool = GpuPool(["0"], per_gpu=1)

@@ -21,7 +21,7 @@ from conftest import PYTHON, Libraries, sha256, tree_state
 
 from bisect_tool.errors import BootFailed, IncompatibleExtension, RecipeError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime import LocalBackend, make_backend
 from bisect_tool.runtime.local import _pids_with_env
 
@@ -203,7 +203,7 @@ DRIVER = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     from bisect_tool.interfaces import LifetimeSpec, SwapSet
-    from bisect_tool.recipe import RuntimeSettings
+    from bisect_tool.recipes.recipe import RuntimeSettings
     from bisect_tool.runtime import make_backend
 
     cfg = json.loads(sys.argv[1])

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bisect_tool.recipe import ProbeSettings, Recipe, RuntimeSettings
+from bisect_tool.recipes.recipe import ProbeSettings, Recipe, RuntimeSettings
+from bisect_tool.run.wiring import sized
 from bisect_tool.runtime.gpus import KV_CACHE_SIZE_FLAG, GpuPool
 from bisect_tool.runtime.sizing import (
     AUTO_MOST_PER_GPU,
@@ -25,7 +26,6 @@ from bisect_tool.runtime.sizing import (
     size,
 )
 from bisect_tool.values import Verdict
-from bisect_tool.wiring import sized
 
 QWEN = Path(__file__).resolve().parents[1] / "bisect_tool" / "recipes" / "models" / "qwen3-0.6b"
 H100 = Card("0", int(79.2 * GIB), int(79.6 * GIB))
@@ -211,7 +211,7 @@ def test_lifetimes_spread_over_every_gpu_of_the_host_several_a_gpu(
 ) -> None:
     """Issue 44: `--gpus 0,1` with "auto": each card holds what its memory allows, and leases
     go to the least crowded card first, so the first lifetimes take one GPU each, then share."""
-    from bisect_tool.wiring import gpu_pool
+    from bisect_tool.run.wiring import gpu_pool
 
     fake_nvidia_smi(tmp_path, 81_100, 81_559)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")

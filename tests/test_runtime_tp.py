@@ -19,10 +19,10 @@ import pytest
 
 from bisect_tool.errors import RecipeError
 from bisect_tool.interfaces import ProbeResult, ServerHandle, SwapSet
-from bisect_tool.recipe import Recipe, RuntimeSettings, from_dict
+from bisect_tool.recipes.recipe import Recipe, RuntimeSettings, from_dict
+from bisect_tool.run.wiring import TP_DETERMINISM_ENV, gpu_pool, tensor_parallel
 from bisect_tool.runtime.gpus import GpuPool
 from bisect_tool.values import Verdict
-from bisect_tool.wiring import TP_DETERMINISM_ENV, gpu_pool, tensor_parallel
 
 SERVER = textwrap.dedent("""
     import json, os, signal, sys
@@ -167,7 +167,7 @@ def test_tp_lifetimes_get_their_gpus_the_tp_size_and_vllms_nccl_settings(tmp_pat
 
 
 def test_auto_sizing_counts_a_tp_servers_share_of_the_weights_per_gpu(tmp_path: Path) -> None:
-    from bisect_tool.recipe import ProbeSettings
+    from bisect_tool.recipes.recipe import ProbeSettings
     from bisect_tool.runtime.sizing import GIB, Card, size
 
     model = tmp_path / "model"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from bisect_tool.cli import main
 from bisect_tool.errors import UsageError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime import compare_schemas
 from bisect_tool.runtime.docker_backend import container_spec
 from bisect_tool.runtime.schemas import parse_dump

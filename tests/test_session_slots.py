@@ -18,7 +18,7 @@ from bisect_tool.errors import AbortError
 if TYPE_CHECKING:
     from bisect_tool.interfaces import Evaluator
     from bisect_tool.range import CommitRange
-    from bisect_tool.wiring import ControlsFor
+    from bisect_tool.run.wiring import ControlsFor
 
 
 class _LoopProbe:
@@ -60,9 +60,9 @@ def _run_loop(path: Path, rng: CommitRange, probe: Evaluator, parallel: int,
               controls: ControlsFor | None = None, beside: bool = False) -> dict[str, Any]:
     """``bisect_loop`` over ``rng`` with ``parallel`` slots (and the controls, when given; on
     slots of their own with ``beside``)."""
-    from bisect_tool import session
+    from bisect_tool.designs import session
     from bisect_tool.journal import Journal, read
-    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.run.owner import Evaluators, bisect_loop
 
     recipe = {"probe": {"controls": True}} if controls is not None else None
     with Journal(path) as journal:
@@ -151,9 +151,9 @@ def test_when_the_gpus_hold_fewer_lifetimes_the_loop_starts_fewer(tmp_path: Path
     another from then on, rather than one that would wait for the GPU, or crowd it again."""
     import threading
 
-    from bisect_tool import session
+    from bisect_tool.designs import session
     from bisect_tool.journal import Journal, read
-    from bisect_tool.run import Evaluators, bisect_loop
+    from bisect_tool.run.owner import Evaluators, bisect_loop
     from bisect_tool.values import Observation, Verdict
 
     shas, rng = _loop_range(30)
@@ -194,8 +194,8 @@ def test_lifetimes_that_end_after_a_sigterm_are_journaled(
     import concurrent.futures
     import threading
 
-    from bisect_tool import engine as engine_mod
     from bisect_tool.journal import read
+    from bisect_tool.run import engine as engine_mod
     from bisect_tool.runtime.common import sigterm_raises
     from bisect_tool.values import Observation, Verdict
 

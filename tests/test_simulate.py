@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from bisect_tool.cli.simulate import simulate_command
+from bisect_tool.designs.simulate import simulate, wilson_interval
 from bisect_tool.errors import UsageError
-from bisect_tool.simhistories import channel_capacity, lower_bound
-from bisect_tool.simulate import simulate, wilson_interval
-from bisect_tool.simulate_cli import simulate_command
 from bisect_tool.strategy import Costs
+from bisect_tool.strategy.simhistories import channel_capacity, lower_bound
 
 
 def test_classic_bisection_cost_is_the_documented_formula() -> None:
@@ -107,7 +107,7 @@ def test_accuracy_comes_with_its_error_count_and_interval() -> None:
 
 @pytest.mark.slow
 def test_grid_runs_every_target_cell_with_the_asked_trials() -> None:
-    from bisect_tool.simulate import GRID_FLAKY_GOOD_END, GRID_GOOD_END_BAD, GRID_RATE_STEP
+    from bisect_tool.designs.simulate import GRID_FLAKY_GOOD_END, GRID_GOOD_END_BAD, GRID_RATE_STEP
 
     out = CliRunner().invoke(simulate_command, ["--grid", "--trials", "1", "--json"])
     assert out.exit_code == 0, out.output
@@ -132,9 +132,9 @@ def test_a_quiet_bad_end_stops_the_simulated_search_as_it_stops_a_run() -> None:
     """A bad end that never shows the bug: the run's rule stops after its 12 lifetimes without
     an answer (the hand copy searched on to its budget), and ``simulate`` counts such runs
     apart from the wrong answers, with the lifetimes they took."""
-    from bisect_tool.recipe import SearchSettings
-    from bisect_tool.simhistories import History, Lifetimes
-    from bisect_tool.simulate import Outcome, run_design, search_header
+    from bisect_tool.designs.simulate import Outcome, run_design, search_header
+    from bisect_tool.recipes.recipe import SearchSettings
+    from bisect_tool.strategy.simhistories import History, Lifetimes
     from bisect_tool.values import Direction
     from bisect_tool.verdict import EndState
 
@@ -159,8 +159,8 @@ def test_a_good_end_that_fails_every_lifetime_is_said_so_not_explained_away() ->
 
 
 def test_the_harness_names_the_flip_of_a_history_in_either_direction() -> None:
-    from bisect_tool.simhistories import Lifetimes, step
-    from bisect_tool.simulate import Outcome, run_design, search_header
+    from bisect_tool.designs.simulate import Outcome, run_design, search_header
+    from bisect_tool.strategy.simhistories import Lifetimes, step
     from bisect_tool.values import Direction
 
     for direction in Direction:

@@ -20,8 +20,8 @@ import pytest
 from gitrepos import Repo, linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
-from bisect_tool import statedir
 from bisect_tool.errors import ResetRefused, StateDirUnusable, UsageError
+from bisect_tool.run import statedir
 from bisect_tool.runtime.local import _pids_with_env
 
 N = 16

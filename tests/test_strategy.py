@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bisect_tool.simhistories import Lifetimes, step
-from bisect_tool.simulate import Outcome, run_design, search_header
+from bisect_tool.designs.simulate import Outcome, run_design, search_header
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
 from bisect_tool.strategy.evidence import Evidence
 from bisect_tool.strategy.information import Plan, expected_information, plan_values
 from bisect_tool.strategy.posterior import FlipPosterior
 from bisect_tool.strategy.selection import BAD_END_LIFETIMES
+from bisect_tool.strategy.simhistories import Lifetimes, step
 from bisect_tool.strategy.values import Priors
 from bisect_tool.values import Direction
 

@@ -17,17 +17,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bisect_tool import session
+from bisect_tool.designs import session
 from bisect_tool.journal import Journal, read
 from bisect_tool.range import Candidate, CommitRange
-from bisect_tool.recipe import Recipe, SearchSettings
-from bisect_tool.run import Evaluators, bisect_loop
+from bisect_tool.recipes.recipe import Recipe, SearchSettings
+from bisect_tool.run.owner import Evaluators, bisect_loop
 from bisect_tool.strategy import BayesianStrategy
 from bisect_tool.strategy.evidence import Evidence
 from bisect_tool.strategy.information import expected_information
 from bisect_tool.strategy.posterior import FlipPosterior
+from bisect_tool.strategy.tiers import DISAGREE_AT, Phase, Tier, mixture_prior, stand_in_probability
 from bisect_tool.strategy.values import Priors
-from bisect_tool.tiers import DISAGREE_AT, Phase, Tier, mixture_prior, stand_in_probability
 from bisect_tool.values import Direction, Observation, Verdict
 
 

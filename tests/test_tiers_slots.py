@@ -12,13 +12,12 @@ from typing import Any
 
 from test_tiers import Scripted, make_range, run_tiers, tier_header
 
-from bisect_tool import session
-from bisect_tool.designs import Finish, Record
+from bisect_tool.designs import Finish, Record, session
 from bisect_tool.journal import Journal, read
 from bisect_tool.range import CommitRange
-from bisect_tool.recipe import Recipe
-from bisect_tool.run import Evaluators, bisect_loop
-from bisect_tool.tiers import Tier
+from bisect_tool.recipes.recipe import Recipe
+from bisect_tool.run.owner import Evaluators, bisect_loop
+from bisect_tool.strategy.tiers import Tier
 from bisect_tool.values import Observation, Verdict
 
 

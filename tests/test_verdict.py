@@ -11,11 +11,13 @@ from typing import Any
 import gitrepos
 import pytest
 
-from bisect_tool import commit_probe, run, session
 from bisect_tool import journal as journal_mod
-from bisect_tool import recipe as recipe_mod
+from bisect_tool.designs import session
 from bisect_tool.range import Candidate, CommitRange
+from bisect_tool.recipes import recipe as recipe_mod
 from bisect_tool.report import build_report
+from bisect_tool.run import commit_probe
+from bisect_tool.run import owner as run
 from bisect_tool.values import Direction, Observation, Verdict
 from bisect_tool.verdict import EndState, aggregate, end_state, trusted
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bisect_tool import recipe as recipe_mod
+from bisect_tool.recipes import recipe as recipe_mod
 from bisect_tool.runtime.cli import WEIGHTS_RECORD, make_random_checkpoint
 
 

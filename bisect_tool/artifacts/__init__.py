@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.artifacts.extract import ExtractedFile, extract_members
 from bisect_tool.dirs import default_cache_dir
-from bisect_tool.recipe import ArtifactSettings, RuntimeSettings
+from bisect_tool.recipes.recipe import ArtifactSettings, RuntimeSettings
 
 if TYPE_CHECKING:
     import httpx

@@ -31,8 +31,8 @@ from typing import Any, BinaryIO
 from bisect_tool.artifacts.sources import Fetched
 from bisect_tool.errors import ArtifactUnavailable, BuildFailed, InfrastructureError
 from bisect_tool.labels import LABEL_SESSION, LABEL_TOOL, TOOL_NAME
-from bisect_tool.recipe import ArtifactSettings
-from bisect_tool.worktrees import WorktreeError, worktree
+from bisect_tool.range.worktrees import WorktreeError, worktree
+from bisect_tool.recipes.recipe import ArtifactSettings
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile.base"
 LOG_TAIL_LINES = 25

@@ -322,7 +322,7 @@ class ArtifactCache:
         to swap-set entries by file name)."""
         if not swap_set:
             raise UsageError("the swap set is empty: give --member PATH or a recipe with one")
-        from bisect_tool.limits import relative_problem
+        from bisect_tool.recipes.limits import relative_problem
 
         for entry in swap_set:
             if relative_problem(entry):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import click
 
-from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import RangeError, UsageError
-from bisect_tool.recipe import ArtifactSettings, RuntimeSettings
+from bisect_tool.recipes.completion import complete_recipe
+from bisect_tool.recipes.recipe import ArtifactSettings, RuntimeSettings
 from bisect_tool.values import short
 
 DEFAULT_RECIPE = "batch-invariance"
@@ -29,7 +29,7 @@ def _echo_err(message: str) -> None:
 
 def _runtime(recipe: str | None) -> RuntimeSettings | None:
     """The recipe's [runtime]: its pinned torch picks the CUDA variant of per-commit wheels."""
-    from bisect_tool import recipe as recipes
+    from bisect_tool.recipes import recipe as recipes
 
     try:
         return recipes.load(recipe or DEFAULT_RECIPE).runtime
@@ -40,7 +40,7 @@ def _runtime(recipe: str | None) -> RuntimeSettings | None:
 def _settings(recipe: str | None, members: tuple[str, ...] = ()) -> ArtifactSettings:
     """The recipe's [artifacts]; --member overrides its swap set. The default recipe is used
     only where it is bundled; without it, --member is required."""
-    from bisect_tool import recipe as recipes
+    from bisect_tool.recipes import recipe as recipes
 
     if recipe is None:
         try:
@@ -188,7 +188,7 @@ def extract_command(wheel: Path, members: tuple[str, ...], out: Path, recipe: st
 def _check_out(out: Path, members: tuple[str, ...]) -> None:
     """``--out`` and each member's folder under it can be made and written, or a one-line
     UsageError that blames ``--out``: a write error there is no fault of the wheel's."""
-    from bisect_tool.limits import inside
+    from bisect_tool.recipes.limits import inside
 
     # Each name first (one climbing out of --out, even through a link, is refused before
     # anything is made), then the folders the members land in.

@@ -149,7 +149,7 @@ def extract_members(wheel: Path, members: Sequence[str], out_dir: Path) -> list[
     """Extract only ``members`` of ``wheel`` under ``out_dir`` (keeping their relative paths)."""
     if not members:
         raise ArtifactUnavailable("no members to extract: give --member PATH or a recipe")
-    from bisect_tool.limits import inside
+    from bisect_tool.recipes.limits import inside
 
     # Every name is checked before anything is written: a member such as ../../evil.so must
     # not land outside --out (zip names are untrusted input).

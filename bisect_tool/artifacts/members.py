@@ -207,7 +207,7 @@ def fetch_members(
     """Write ``members`` of the remote wheel under ``out_dir`` (at their paths in the wheel),
     hashed on the way; zipfile checks each one's CRC-32 and size. Raises ``RangesIgnored``
     (first request, nothing read) where the server serves no ranges."""
-    from bisect_tool.limits import inside
+    from bisect_tool.recipes.limits import inside
 
     targets = [inside(out_dir, member, "wheel member") for member in members]
     # Its own counts (added to the parent's too): a lookahead fetch may run beside this one.

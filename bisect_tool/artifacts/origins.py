@@ -27,7 +27,7 @@ from bisect_tool.artifacts.sources import CommitFacts
 from bisect_tool.dirs import default_cache_dir
 from bisect_tool.errors import ArtifactUnavailable
 from bisect_tool.interfaces import SwapSet
-from bisect_tool.recipe import ArtifactSettings, RuntimeSettings
+from bisect_tool.recipes.recipe import ArtifactSettings, RuntimeSettings
 
 if TYPE_CHECKING:
     import httpx

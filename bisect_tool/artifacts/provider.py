@@ -30,7 +30,7 @@ from bisect_tool.interfaces import SwapSet
 from bisect_tool.values import short
 
 #: the lookahead when a recipe leaves ``[artifacts] prefetch`` to the run: both outcomes of the
-#: candidate under test (the run picks fewer by its costs: bisect_tool.lookahead)
+#: candidate under test (the run picks fewer by its costs: bisect_tool.strategy.lookahead)
 DEFAULT_LOOKAHEAD = 2
 
 

@@ -26,7 +26,7 @@ from bisect_tool.artifacts.cache import ArtifactCache
 from bisect_tool.artifacts.extract import open_wheel
 from bisect_tool.errors import ArtifactUnavailable, UsageError
 from bisect_tool.interfaces import SwapSet
-from bisect_tool.limits import inside
+from bisect_tool.recipes.limits import inside
 
 COMPLETE = ".complete"
 

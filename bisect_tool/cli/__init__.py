@@ -5,7 +5,7 @@ log, replay, report), ``manual`` (good, bad, skip), ``reset``, ``probe`` (``prob
 what they share (the state dir, its options and lock, progress, the outcome) is ``common``.
 The stages' own groups live beside them: ``bisect_tool.artifacts.cli``,
 ``bisect_tool.probes.cli``, ``bisect_tool.runtime.cli``, ``bisect_tool.demo.cli``,
-``bisect_tool.simulate_cli``.
+``bisect_tool.cli.simulate``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from bisect_tool.cli.manual import judge_commands
 from bisect_tool.cli.probe import probe_commit
 from bisect_tool.cli.reset import reset
 from bisect_tool.cli.show import log, replay_cmd, report, status
+from bisect_tool.cli.simulate import simulate_command
 from bisect_tool.cli.start import plan_command, resume, start
 from bisect_tool.demo.cli import demo_command
 from bisect_tool.errors import BisectError, InfrastructureError, exit_code_table
 from bisect_tool.probes.cli import probe_command, register_commit_prober
 from bisect_tool.runtime.cli import model_group
-from bisect_tool.simulate_cli import simulate_command
 
 
 def _exit_codes_epilog() -> str:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import click
 
-from bisect_tool.completion import complete_recipe
 from bisect_tool.errors import NoAnswer, RangeError, StateDirUnusable
 from bisect_tool.journal import JOURNAL_NAME
-from bisect_tool.recipe import Recipe
-from bisect_tool.run import Outcome
+from bisect_tool.recipes.completion import complete_recipe
+from bisect_tool.recipes.recipe import Recipe
+from bisect_tool.run.owner import Outcome
 from bisect_tool.values import percent, spelled
 from bisect_tool.verdict import EndState
 
@@ -29,11 +29,11 @@ def state_dir_of(repo: Path, state_dir: Path | None, *, releases: bool = False) 
             raise StateDirUnusable(
                 f"--state-dir {state_dir} is a file, not a folder; pass a folder you can write"
             )
-        from bisect_tool.statedir import check_location
+        from bisect_tool.run.statedir import check_location
 
         check_location(state_dir)  # not among git's own files (issue 38: broken refs)
         return state_dir
-    from bisect_tool.statedir import STATE_SUBDIR, find_clone
+    from bisect_tool.run.statedir import STATE_SUBDIR, find_clone
 
     clone = find_clone(repo)
     if clone is None:
@@ -65,7 +65,7 @@ def _top_of_clone(ctx: click.Context, param: click.Parameter, value: Path) -> Pa
     """``--repo`` (default: the current folder) as the top of the clone it lies in, found as
     git finds it: a subdirectory or a linked worktree works like the clone's top. Outside any
     clone the path is kept (a release-level bisect needs none; the others say so)."""
-    from bisect_tool.statedir import find_clone
+    from bisect_tool.run.statedir import find_clone
 
     clone = find_clone(value)
     return clone.top if clone is not None else value
@@ -161,7 +161,7 @@ def state_locked(create: bool = True) -> Callable[[Callable[..., None]], Callabl
     def wrap(fn: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(fn)
         def command(*args: object, **kwargs: object) -> None:
-            from bisect_tool import statelock
+            from bisect_tool.run import statelock
 
             path = state_dir_of(
                 kwargs["repo"], kwargs["state_dir"],  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
 """``bisect locate``: which side carries the change, before any bisect (and ``start --locate``,
-which runs it first). The swap matrix itself is ``bisect_tool.locate``'s."""
+which runs it first). The swap matrix itself is ``bisect_tool.run.locate``'s."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import click
 
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.cli.common import (
     ends_options,
     gpu_list,
@@ -20,8 +19,9 @@ from bisect_tool.cli.common import (
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import NoAnswer
 from bisect_tool.events import Observer
-from bisect_tool.progress import watching
-from bisect_tool.request import StartRequest
+from bisect_tool.recipes import recipe as recipe_mod
+from bisect_tool.run.progress import watching
+from bisect_tool.run.request import StartRequest
 from bisect_tool.values import percent
 
 
@@ -35,8 +35,8 @@ def locate_before_bisect(
     cannot find a Python change); nothing for any other answer."""
     import dataclasses
 
-    from bisect_tool import locate as locate_mod
-    from bisect_tool.matrix import Explanation
+    from bisect_tool.run import locate as locate_mod
+    from bisect_tool.strategy.matrix import Explanation
 
     state_dir = request.journal_path.parent
     outcome = locate_mod.locate(
@@ -94,9 +94,9 @@ def locate(
 ) -> None:
     """Which side carries the change: the probe on {good, bad} Python side x {good, bad}
     compiled side, before any bisect. Exit 0 with an answer, 9 below the asked confidence."""
-    from bisect_tool import locate as locate_mod
-    from bisect_tool.matrix import CELLS, Side
-    from bisect_tool.request import ReleaseRequest
+    from bisect_tool.run import locate as locate_mod
+    from bisect_tool.run.request import ReleaseRequest
+    from bisect_tool.strategy.matrix import CELLS, Side
 
     recipe = with_flags(
         recipe_mod.load(recipe_name),

@@ -16,14 +16,13 @@ from bisect_tool.cli.common import (
     state_option,
 )
 from bisect_tool.errors import UsageError
-from bisect_tool.run import Outcome
+from bisect_tool.run.owner import Outcome
 from bisect_tool.values import Verdict
 from bisect_tool.verdict import EndState
 
 
 def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | None) -> None:
-    from bisect_tool import session
-    from bisect_tool.designs import manual
+    from bisect_tool.designs import manual, session
     from bisect_tool.designs.bisect import end_entry
     from bisect_tool.designs.phases import stop_reason
     from bisect_tool.range import open_repo, resolve_ref

@@ -29,8 +29,8 @@ def probe_commit(
     """Probe ``lifetimes`` fresh lifetimes of one commit (and, with ``controls``, the controls)
     through the run owner, exactly as a bisect would evaluate that candidate."""
     # Imported here: --server/--extension must work without git, docker and the artifacts stage.
-    from bisect_tool import recipe as recipe_mod
-    from bisect_tool.commit_probe import probe_commit as probe
+    from bisect_tool.recipes import recipe as recipe_mod
+    from bisect_tool.run.commit_probe import probe_commit as probe
 
     recipe = recipe_mod.load(recipe_name).override("probe", **overrides)
 

@@ -22,7 +22,7 @@ def reset(repo: Path, state_dir: Path | None) -> None:
 
     Deletes only what bisect wrote: a --state-dir that holds anything else (your files, a git
     work tree) or is a file is refused with exit 13, and nothing is deleted."""
-    from bisect_tool import statedir, statelock
+    from bisect_tool.run import statedir, statelock
 
     path = state_dir if state_dir is not None else state_dir_of(repo, None)
     if not os.path.lexists(path):
@@ -54,7 +54,7 @@ def reset(repo: Path, state_dir: Path | None) -> None:
         # Only this bisect's leftovers: another bisect may be running on this host (another
         # repo or state dir) and its lifetimes must survive our reset.
         if session_id:
-            from bisect_tool.recipe import RuntimeSettings
+            from bisect_tool.recipes.recipe import RuntimeSettings
             from bisect_tool.runtime import make_backend
 
             for backend_name in ("local", "docker"):
@@ -76,7 +76,7 @@ def reset(repo: Path, state_dir: Path | None) -> None:
 
 
 def _end_leftovers(repo: Path, state_dir: Path, session_id: str) -> int:
-    from bisect_tool.progress import PlainLines
-    from bisect_tool.run import end_leftovers
+    from bisect_tool.run.owner import end_leftovers
+    from bisect_tool.run.progress import PlainLines
 
     return end_leftovers(repo, state_dir, session_id, PlainLines(lifetimes=False))

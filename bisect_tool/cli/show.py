@@ -19,7 +19,7 @@ from bisect_tool.cli.common import (
 )
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JOURNAL_NAME
-from bisect_tool.run import Outcome
+from bisect_tool.run.owner import Outcome
 from bisect_tool.values import percent, rate_text, short, spelled
 from bisect_tool.verdict import end_state
 
@@ -30,7 +30,7 @@ from bisect_tool.verdict import end_state
 @state_option
 def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
     """Where the search stands."""
-    from bisect_tool import session
+    from bisect_tool.designs import session
 
     state = session.replay(journal_mod.read(journal_path(repo, state_dir)))
     summary = state.summary()
@@ -61,7 +61,7 @@ def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
 
 def _liveness(state: str, repo: Path, state_dir: Path | None) -> str:
     """"running" only while a process holds the state dir; a killed run says it stopped."""
-    from bisect_tool import statelock
+    from bisect_tool.run import statelock
 
     if state != "running":
         return state
@@ -111,7 +111,7 @@ def log(repo: Path, state_dir: Path | None) -> None:
 def replay_cmd(file: Path, as_json: bool) -> None:
     """Rebuild the search from a journal FILE and print where it stands (no repository needed).
     A locate's journal is read as a locate: the explanation its report names."""
-    from bisect_tool import session
+    from bisect_tool.designs import session
 
     contents = journal_mod.read(file)
     if contents.header.get("mode") == "locate":
@@ -204,8 +204,8 @@ def _check_outputs(
 ) -> None:
     """-o and --plot never land on a journal or inside a state dir (``statedir.check_output``):
     the state dir of --repo/--state-dir, and the folder of --journal where it is one."""
-    from bisect_tool import statedir
     from bisect_tool.errors import BisectError
+    from bisect_tool.run import statedir
 
     homes: list[Path | None] = []
     with contextlib.suppress(BisectError):  # outside a clone, with --journal: none to guard
@@ -222,5 +222,5 @@ def _check_outputs(
 def _report_journal(repo: Path, state_dir: Path | None) -> Path:
     """The state dir's bisect journal; a dir that holds only a locate's, that one."""
     path = journal_path(repo, state_dir)
-    locate_path = path.with_name("locate.jsonl")  # bisect_tool.locate.LOCATE_JOURNAL
+    locate_path = path.with_name("locate.jsonl")  # bisect_tool.run.locate.LOCATE_JOURNAL
     return locate_path if not path.exists() and locate_path.is_file() else path

@@ -1,6 +1,6 @@
 """``bisect start``, ``bisect plan`` and ``bisect resume``: the commands that run a bisect (or
 plan one). They parse flags into a ``request.StartRequest`` and print the outcome; the run owner
-(``bisect_tool.run``) does the rest."""
+(``bisect_tool.run.owner``) does the rest."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.cli.common import (
     ends_options,
     gpu_list,
@@ -28,8 +27,9 @@ from bisect_tool.cli.locate import locate_before_bisect
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JOURNAL_NAME
-from bisect_tool.progress import watching
-from bisect_tool.request import ReleaseRequest, StartRequest
+from bisect_tool.recipes import recipe as recipe_mod
+from bisect_tool.run.progress import watching
+from bisect_tool.run.request import ReleaseRequest, StartRequest
 
 
 @click.command()
@@ -173,7 +173,7 @@ def start(
 ) -> None:
     """Start a bisect. With --recipe or --run it runs unattended to the end; with neither it
     prints the next candidate to judge with `bisect good|bad|skip`."""
-    from bisect_tool import run
+    from bisect_tool.run import owner as run
 
     _check_run_command(run_command)
     _check_pairs(run_command, test_from, test_files, releases, pre, include_yanked, index_url,
@@ -278,8 +278,8 @@ def repo_given() -> bool:
 def _plan(request: StartRequest, as_json: bool, p: float | None, trials: int | None) -> None:
     """``start --dry-run`` / ``bisect plan``: print the plan; exit 8 when the environment lacks
     what the run needs (the plan says what and how to fix it)."""
-    from bisect_tool import plan as plan_mod
     from bisect_tool.errors import InfrastructureError
+    from bisect_tool.run import plan as plan_mod
 
     made = plan_mod.make(request, p=p, trials=trials or plan_mod.TRIALS)
     click.echo(json.dumps(made.to_dict(), indent=2) if as_json else plan_mod.render(made))
@@ -318,7 +318,7 @@ def _search_overrides(*values: float | int | None) -> dict[str, object]:
 @state_locked(create=False)
 def resume(quiet: bool, verbose: bool, repo: Path, state_dir: Path | None) -> None:
     """Continue a bisect from its journal (after a crash or Ctrl-C)."""
-    from bisect_tool import run
+    from bisect_tool.run import owner as run
 
     with watching(quiet, verbose) as observer:
         outcome = run.resume(journal_path(repo, state_dir), observer)

@@ -44,11 +44,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisect_tool import recipe as recipe_mod
 from bisect_tool.demo.history import generate
 from bisect_tool.demo.pinned import STACK_DIR, SWAP_PATH, ensure_pinned_build, run_build
 from bisect_tool.errors import BisectError, BootFailed
 from bisect_tool.interfaces import ServerHandle
+from bisect_tool.recipes import recipe as recipe_mod
 from bisect_tool.values import Verdict
 
 _PORT = re.compile(r"Starting vLLM API server 0 on http://127\.0\.0\.1:(\d+)")

@@ -105,7 +105,7 @@ def _bisect(history: DemoHistory, workdir: Path, as_json: bool, seed: int, commi
             started: float) -> bool:
     from bisect_tool import journal as journal_mod
     from bisect_tool.demo import outdir
-    from bisect_tool.statedir import STATE_SUBDIR
+    from bisect_tool.run.statedir import STATE_SUBDIR
 
     repo = history.repo
     # the recipe on disk is the one to bisect the history by hand (source builds: the wheel
@@ -115,10 +115,10 @@ def _bisect(history: DemoHistory, workdir: Path, as_json: bool, seed: int, commi
                               workdir / outdir.CACHE, image=image, wheel_index=wheel_index)
     # where `bisect status`, `log` and `report` look when run inside the clone
     state_dir = repo / ".git" / STATE_SUBDIR
-    from bisect_tool import recipe as recipe_mod
-    from bisect_tool import run
-    from bisect_tool.progress import watching
-    from bisect_tool.request import StartRequest
+    from bisect_tool.recipes import recipe as recipe_mod
+    from bisect_tool.run import owner as run
+    from bisect_tool.run.progress import watching
+    from bisect_tool.run.request import StartRequest
 
     recipe = recipe_mod.load(str(with_index))
     if lifetimes_only:
@@ -272,8 +272,8 @@ def write_recipe(path: Path, cache_dir: Path, *, image: str = "", name: str = "d
     bookworm, and the compatibility gate loads each candidate's ``_kernels.so`` inside the image
     before a lifetime trusts it.
     """
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.demo import pinned
+    from bisect_tool.recipes import recipe as recipe_mod
 
     if name not in DEMO_RECIPES:
         raise UsageError(f"no demo recipe {name!r}; the demo has {', '.join(DEMO_RECIPES)}")

@@ -21,7 +21,8 @@ With several slots, a design may also ``refill`` a slot as soon as its lifetime 
 others still run (on the H100 the gate refused a release in 11 s and that slot then stood idle
 188 s, until the controls beside it ended: docs/bench/gpu-2026-12-07-h100).
 
-The one engine (``bisect_tool.engine``) carries the steps out against real evaluators: it owns the
+The one engine (``bisect_tool.run.engine``) carries the steps out against real evaluators: it owns
+the
 journal, the parallel lifetimes, the signals and the progress events, and never decides anything
 itself. ``drive`` below carries them out against a plain function instead, with no journal and no
 threads: ``bisect simulate`` runs the very same designs that way, so a simulated search and a real

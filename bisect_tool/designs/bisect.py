@@ -4,7 +4,7 @@
 decides, from it alone, what the run does next: a tier's lifetimes (the fast probe's runs while
 it narrows, lifetimes on the two sides of its flip while they confirm it, lifetimes over the
 whole range otherwise), a phase entry when the tiered search moves on, the controls before any
-evidence counts, or the end with its reason. The engine (``bisect_tool.engine``) carries that
+evidence counts, or the end with its reason. The engine (``bisect_tool.run.engine``) carries that
 out; ``designs.drive`` does the same for ``bisect simulate``.
 """
 
@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from bisect_tool import entries, lookahead
 from bisect_tool.designs import (
     Finish,
     Item,
@@ -35,12 +34,13 @@ from bisect_tool.designs.phases import (
     suspect,
     switch,
 )
-from bisect_tool.ends import checks_seen, good_end_not_good
+from bisect_tool.designs.session import State, observation_entry
 from bisect_tool.events import CandidateChosen, Event, Note, PosteriorMoved
+from bisect_tool.journal import entries
 from bisect_tool.range import Candidate
-from bisect_tool.session import State, observation_entry
-from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft, Summary
-from bisect_tool.tiers import Phase, Sides, Tier, disagreement
+from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft, Summary, lookahead
+from bisect_tool.strategy.ends import checks_seen, good_end_not_good
+from bisect_tool.strategy.tiers import Phase, Sides, Tier, disagreement
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState, controls_problem
 
@@ -314,7 +314,7 @@ class BisectDesign:
                       for lid in ids]
             events.append(self._chosen(tier, candidate, choice.reason, len(ids)))
         state.seen_lifetimes.difference_update(reserved)
-        # at most K candidates fetched while this batch runs (bisect_tool.lookahead)
+        # at most K candidates fetched while this batch runs (bisect_tool.strategy.lookahead)
         ahead = lookahead.lookahead(
             state.header.get("recipe") or {}, tier, strategy,
             [choice.position for choice in batch], decision.within,

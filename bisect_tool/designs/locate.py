@@ -1,6 +1,7 @@
 """The locate design: the 2x2 swap matrix of ``bisect locate``, as the journal has it. Pure.
 
-Four cells, {good, bad} Python side x {good, bad} compiled side (``bisect_tool.matrix``); each
+Four cells, {good, bad} Python side x {good, bad} compiled side (``bisect_tool.strategy.matrix``);
+each
 lifetime runs the compiled side's candidate under the Python side's evaluator (the item's
 ``arm``). The controls run first, on the good end's own pair; then cells are handed out, up to
 the slots at once, until one explanation holds the asked confidence or every cell has had its
@@ -12,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from bisect_tool import entries
 from bisect_tool.cause import one_line
 from bisect_tool.designs import Finish, Item, Step, Work, controls_item
 from bisect_tool.events import Event
-from bisect_tool.matrix import CELLS, Cell, CellCounts, Finding, Side, conclude, next_cell
+from bisect_tool.journal import entries
 from bisect_tool.range import Candidate
+from bisect_tool.strategy.matrix import CELLS, Cell, CellCounts, Finding, Side, conclude, next_cell
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState, Evidence, controls_problem, evidence
 

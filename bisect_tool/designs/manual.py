@@ -3,10 +3,10 @@ judge, decided by the same rules as an unattended run (``bisect_tool.designs.pha
 
 from __future__ import annotations
 
-from bisect_tool import entries
 from bisect_tool.designs.phases import stop_reason, suspect
+from bisect_tool.designs.session import State, observation_entry
+from bisect_tool.journal import entries
 from bisect_tool.range import Candidate
-from bisect_tool.session import State, observation_entry
 from bisect_tool.strategy import NoCandidateLeft
 from bisect_tool.values import Observation, Verdict, short
 from bisect_tool.verdict import EndState

@@ -1,6 +1,7 @@
 """What the bisect does next, by phase, and why it stops. Pure.
 
-The tiered search's phases (``bisect_tool.tiers.Phase``): while the fast probe narrows, its next
+The tiered search's phases (``bisect_tool.strategy.tiers.Phase``): while the fast probe narrows,
+its next
 runs or the hand-over (``_narrow_step``); while lifetimes confirm its flip, their next ones on
 the two sides or the fall-back (``_confirm_step``); otherwise the plain search's next lifetimes.
 ``stop`` is the one set of rules that ends a search: an end that contradicts its role,
@@ -16,20 +17,20 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bisect_tool import entries
 from bisect_tool.designs import Finish, Record
 from bisect_tool.designs.mergebase import merge_base_message
-from bisect_tool.ends import (
+from bisect_tool.designs.session import State, narrow_kind
+from bisect_tool.journal import entries
+from bisect_tool.recipes.recipe import SearchSettings
+from bisect_tool.strategy import Summary
+from bisect_tool.strategy.ends import (
     SUSPECT_LIFETIMES_FACTOR,
     GoodSideCheck,
     clean_not_earned,
     good_end_not_good,
     good_side_check,
 )
-from bisect_tool.recipe import SearchSettings
-from bisect_tool.session import State, narrow_kind
-from bisect_tool.strategy import Summary
-from bisect_tool.tiers import NARROW_END_RUNS, Phase, Tier, confirm_sides, disagreement
+from bisect_tool.strategy.tiers import NARROW_END_RUNS, Phase, Tier, confirm_sides, disagreement
 from bisect_tool.values import Direction, percent
 from bisect_tool.verdict import EndState
 
@@ -351,7 +352,8 @@ def _deterministic_stop(state: State, s: Summary) -> Finish | None:
 
 def suspect(state: State) -> tuple[int, str] | None:
     """The candidate whose own lifetimes must clear what the model does not weigh
-    (``bisect_tool.ends``), and why, for the plain search and manual mode alike: the good end
+    (``bisect_tool.strategy.ends``), and why, for the plain search and manual mode alike: the good
+    end
     once it showed the bug (a false alarm, or not a good end?), at once; once the flip holds
     under the model, the good end and the good-side candidate next to the flip until each ran
     clean often enough to rule out a bug at half the lifetimes or more; then whichever check
@@ -436,7 +438,7 @@ def ends_contradict_message(
     state: State, end: str, summary: Summary | None = None, not_good: float = 0.0
 ) -> str:
     """One line: which end, what it saw, what to do. ``not_good``: P(the good end shows the bug
-    though the flip lies inside the range), when that is why (``bisect_tool.ends``)."""
+    though the flip lies inside the range), when that is why (``bisect_tool.strategy.ends``)."""
     s = summary or state.strategy.summary()
     bad, good = s.ends
     pos = (good if end == "good" else bad)

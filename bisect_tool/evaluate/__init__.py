@@ -11,7 +11,7 @@ never verdicts.
 - ``command``: ``--run CMD`` in a worktree of the candidate;
 - ``ray``: server lifetimes as Ray tasks on a cluster (``ray_ship``: what travels to a node).
 
-Which evaluator a recipe gets is decided in one place, ``bisect_tool.wiring``.
+Which evaluator a recipe gets is decided in one place, ``bisect_tool.run.wiring``.
 """
 
 from bisect_tool.evaluate.base import swap_facts, untestable_stage

@@ -54,7 +54,8 @@ class _ArtifactEvaluator:
             self.observer(ArtifactReady(commit, seconds))
 
     def prepare(self, commits: Sequence[str]) -> None:
-        """The lookahead (``bisect_tool.lookahead``): the provider fetches these once the next
+        """The lookahead (``bisect_tool.strategy.lookahead``): the provider fetches these once the
+        next
         evaluation has its own artifact, so they overlap its probe, never its build."""
         self.provider.prefetch(commits, {c: self.tags.get(c, ()) for c in commits})
 

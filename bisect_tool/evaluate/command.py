@@ -9,13 +9,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bisect_tool import runprobe
 from bisect_tool.errors import (
     AbortError,
 )
-from bisect_tool.newer_tests import ENV_FOLDER, NewerTests, ensure, place
+from bisect_tool.range.newer_tests import ENV_FOLDER, NewerTests, ensure, place
+from bisect_tool.range.worktrees import WorktreeError, confined, remove_stale_worktrees, worktree
+from bisect_tool.runtime import runprobe
 from bisect_tool.values import Observation, Verdict
-from bisect_tool.worktrees import WorktreeError, confined, remove_stale_worktrees, worktree
 
 Progress = Callable[[str], None]
 
@@ -48,7 +48,7 @@ class RunCommandEvaluator:
         progress: Progress | None = None,
         test_from: NewerTests | None = None,
     ) -> None:
-        from bisect_tool.children import Registry
+        from bisect_tool.runtime.children import Registry
 
         self.repo_path = repo_path
         # --test-from: a newer commit's test files, put into each candidate's worktree

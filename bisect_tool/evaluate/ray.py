@@ -6,7 +6,7 @@ task runs the *local* backend and the server probe exactly as a single-host bise
 plain values: the observation (its
 detail carries the log tail) and where and how long it ran. The driver keeps everything that has
 state: the artifact provider (swap sets are built or fetched once, on the driver) and the journal
-(written only by the engine, ``bisect_tool.engine``).
+(written only by the engine, ``bisect_tool.run.engine``).
 
 How a swap set reaches a node: its files' bytes go into Ray's object store (``ray.put``), the
 task checks each file's sha256 on arrival and writes it to a node-local content-addressed cache.
@@ -49,7 +49,7 @@ from bisect_tool.errors import (
 from bisect_tool.evaluate.ray_ship import ShippedSwap, pack_swap, unpack_swap
 from bisect_tool.evaluate.server import ServerEvaluator, controls_runner, server_evaluator
 from bisect_tool.interfaces import ArtifactProvider, SwapSet
-from bisect_tool.recipe import ProbeSettings, RuntimeSettings
+from bisect_tool.recipes.recipe import ProbeSettings, RuntimeSettings
 from bisect_tool.values import Observation, Verdict, short
 
 INSTALL_HINT = "pip install 'bisect-tool[ray]'"
@@ -102,7 +102,7 @@ def _node_evaluator(
     """A local ``ServerEvaluator`` on this node, built as on a single host
     (``evaluate.server.server_evaluator``). The backend is kept per worker process: Ray reuses
     workers, so the pinned schema dumps of the compatibility gate are made once."""
-    from bisect_tool.recipe import Recipe
+    from bisect_tool.recipes.recipe import Recipe
     from bisect_tool.runtime.local import LocalBackend
 
     log_dir = Path(tempfile.gettempdir()) / "bisect-ray-logs" / session

@@ -10,7 +10,6 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from bisect_tool import entries
 from bisect_tool.errors import (
     UntestableError,
 )
@@ -31,7 +30,8 @@ from bisect_tool.interfaces import (
     ServerProbe,
     SwapSet,
 )
-from bisect_tool.recipe import ProbeSettings, Recipe
+from bisect_tool.journal import entries
+from bisect_tool.recipes.recipe import ProbeSettings, Recipe
 from bisect_tool.values import Observation, Verdict, short
 
 

@@ -4,7 +4,7 @@ line in ``KINDS``.
 What every other stage decides by probe kind (recipe validation's choices, preflight, the
 lookahead, ``bisect plan``, the report's columns and labels) it reads from the kind's spec,
 never by comparing the kind's name (``tests/test_architecture.py``). The probe itself lives in
-``bisect_tool/probes/`` and its evaluators' factory in ``bisect_tool.wiring.PROBES`` (held to
+``bisect_tool/probes/`` and its evaluators' factory in ``bisect_tool.run.wiring.PROBES`` (held to
 ``KINDS`` by ``tests/test_architecture.py``); the specs live here, apart from the probes,
 because recipe validation reads them and the probes import the recipe.
 """
@@ -50,7 +50,7 @@ def narrowing(name: str | None) -> ProbeSpec:
 def find(name: str | None) -> ProbeSpec:
     """The spec of a ``[probe] kind`` (none given: ``DEFAULT``'s) or of ``COMMAND`` (a report's
     ``probe_kind`` for a ``--run`` session); for a name no kind has (a journal edited by hand,
-    a recipe built in code and refused later by ``bisect_tool.wiring``), one of defaults: it
+    a recipe built in code and refused later by ``bisect_tool.run.wiring``), one of defaults: it
     boots no server, has no controls, narrows nothing."""
     if name == COMMAND.name:
         return COMMAND

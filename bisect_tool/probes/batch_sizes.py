@@ -35,7 +35,7 @@ from bisect_tool.probes.monitor import MetricsMonitor
 from bisect_tool.probes.server import ServerDeterminismProbe
 from bisect_tool.probes.server_http import device_clock, resolve_model, step_detail
 from bisect_tool.probes.workload import request_body
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 MODE = "bs1-vs-bsN"

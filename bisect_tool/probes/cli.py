@@ -22,7 +22,7 @@ import click
 from bisect_tool.clitypes import Finite
 from bisect_tool.errors import RecipeError, UsageError
 from bisect_tool.interfaces import ProbeResult, ServerHandle
-from bisect_tool.recipe import BUNDLED_DIR, ProbeSettings, load
+from bisect_tool.recipes.recipe import BUNDLED_DIR, ProbeSettings, load
 from bisect_tool.values import Verdict
 
 DEFAULT_RECIPE = "batch-invariance"
@@ -60,7 +60,7 @@ def parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 def _complete_recipe(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
     # Imported when the shell asks: this module's top-level imports stay the light ones
     # (python -m bisect_tool.probes runs on a GPU machine, tests/test_probe_op.py).
-    from bisect_tool.completion import complete_recipe
+    from bisect_tool.recipes.completion import complete_recipe
 
     return complete_recipe(ctx, param, incomplete)
 

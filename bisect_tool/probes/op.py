@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.interfaces import ProbeResult
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 CHILD_SCRIPT = Path(__file__).with_name("op_child.py")
@@ -120,7 +120,7 @@ class OpProbe:
             detail["also_loaded"] = [str(a) for a in also]
         if not path.is_file():
             return ProbeResult(Verdict.UNTESTABLE, detail, f"extension file not found: {path}")
-        from bisect_tool.runprobe import run_group
+        from bisect_tool.runtime.runprobe import run_group
 
         child_env = {**os.environ, **(env or {})}
         try:

@@ -49,7 +49,7 @@ from bisect_tool.probes.server_http import (
 )
 from bisect_tool.probes.server_verdict import decide, target_coresidency, validate_settings
 from bisect_tool.probes.workload import Workload, build_workload, fresh_prompt, request_body
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from bisect_tool.errors import RecipeError
 from bisect_tool.probes.compare import Comparison
-from bisect_tool.recipe import ProbeSettings
+from bisect_tool.recipes.recipe import ProbeSettings
 from bisect_tool.values import Verdict
 
 

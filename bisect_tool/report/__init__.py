@@ -44,7 +44,8 @@ def render_report(
     """The report of the journal at ``journal_path`` (a bisect's or a locate's): Markdown (with
     ``plot`` written, and linked relative to ``link_from``, the folder the report is read
     from) or JSON."""
-    from bisect_tool import journal, redact, session
+    from bisect_tool import journal, redact
+    from bisect_tool.designs import session
     from bisect_tool.errors import UsageError
 
     contents = journal.read(journal_path)
@@ -79,7 +80,7 @@ def lifetimes_alone(contents: Any) -> float | None:
     candidates the pinned stack rejected still untestable. None for a run without an op check."""
     import copy
 
-    from bisect_tool import session
+    from bisect_tool.designs import session
     from bisect_tool.journal import JournalContents
 
     header = contents.header
@@ -105,8 +106,8 @@ def lifetimes_alone(contents: Any) -> float | None:
 
 def bundled_recipe(contents: object) -> dict[str, object] | None:
     """The bundled recipe the run's recipe is named after, for the reproduce section's diff."""
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.errors import RecipeError
+    from bisect_tool.recipes import recipe as recipe_mod
 
     header = getattr(contents, "header", {}) or {}
     name = str((header.get("recipe") or {}).get("name") or "")

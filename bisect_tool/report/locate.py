@@ -17,7 +17,6 @@ from typing import Any
 
 from bisect_tool.designs.locate import counts_of
 from bisect_tool.journal import JournalContents
-from bisect_tool.matrix import CELLS, MEANING, Cell, Explanation, Side, conclude, stop_threshold
 from bisect_tool.report import environment, evidence, reproduce
 from bisect_tool.report.controls import controls as controls_facts
 from bisect_tool.report.details import (
@@ -29,6 +28,15 @@ from bisect_tool.report.details import (
 )
 from bisect_tool.report.names import commit_entry, name
 from bisect_tool.report.text import code, details, esc, plural, table
+from bisect_tool.strategy.matrix import (
+    CELLS,
+    MEANING,
+    Cell,
+    Explanation,
+    Side,
+    conclude,
+    stop_threshold,
+)
 from bisect_tool.values import percent
 
 _SHORT = {  # each explanation in a few words, for the first line

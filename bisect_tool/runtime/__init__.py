@@ -4,7 +4,7 @@ set in place), checks a candidate's op schemas against the pinned stack's, and l
 ``make_backend`` picks the backend the recipe names: ``local`` (a child process group, runs
 anywhere incl. the lent GPU machine without Docker) or ``docker`` (a container of the pinned
 image per lifetime); ``ray`` schedules each lifetime as a Ray task that runs the local backend
-on a cluster node (``bisect_tool.evaluate.ray``, chosen in ``bisect_tool.wiring``).
+on a cluster node (``bisect_tool.evaluate.ray``, chosen in ``bisect_tool.run.wiring``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import httpx
 
 from bisect_tool.errors import RecipeError
 from bisect_tool.interfaces import RuntimeBackend
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime.common import RunningServer, sigterm_raises
 from bisect_tool.runtime.gpus import GpuPool
 from bisect_tool.runtime.local import LocalBackend

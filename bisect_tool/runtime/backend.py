@@ -17,7 +17,7 @@ import httpx
 
 from bisect_tool.errors import IncompatibleExtension, InfrastructureError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime import schemas
 from bisect_tool.runtime.common import Launched, RunningServer, serve_lifetime
 from bisect_tool.runtime.overlay import safe_name

@@ -40,7 +40,7 @@ def config_file_of(config: Path) -> Path:
 def bundled_config(config: Path) -> Path:
     """``models/qwen3-0.6b`` as the recipes name it: a path, else one of the bundled configs
     (the one a recipe's ``weights = "random:models/qwen3-0.6b"`` uses)."""
-    from bisect_tool.recipe import BUNDLED_DIR
+    from bisect_tool.recipes.recipe import BUNDLED_DIR
 
     if not config.exists() and not config.is_absolute() and (BUNDLED_DIR / config).exists():
         return BUNDLED_DIR / config

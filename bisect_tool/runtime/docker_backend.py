@@ -36,7 +36,7 @@ from bisect_tool.labels import (
     LABEL_TOOL,
     TOOL_NAME,
 )
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime import gpu_passthrough, schemas
 from bisect_tool.runtime.backend import Backend, SchemaDump
 from bisect_tool.runtime.common import (

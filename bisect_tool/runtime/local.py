@@ -26,7 +26,7 @@ from bisect_tool import redact
 from bisect_tool.errors import IncompatibleExtension, InfrastructureError, RecipeError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
 from bisect_tool.labels import ENV_LIFETIME, ENV_SESSION
-from bisect_tool.recipe import RuntimeSettings
+from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime import schemas
 from bisect_tool.runtime.backend import Backend, SchemaDump
 from bisect_tool.runtime.common import (

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisect_tool.recipe import ProbeSettings, RuntimeSettings
+from bisect_tool.recipes.recipe import ProbeSettings, RuntimeSettings
 from bisect_tool.runtime.gpus import KV_CACHE_SIZE_FLAG
 
 GIB = 1024**3

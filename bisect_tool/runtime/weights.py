@@ -11,7 +11,7 @@ from typing import Any
 
 from bisect_tool.dirs import default_cache_dir
 from bisect_tool.errors import RecipeError
-from bisect_tool.recipe import BUNDLED_DIR
+from bisect_tool.recipes.recipe import BUNDLED_DIR
 
 Progress = Callable[[str], None]
 

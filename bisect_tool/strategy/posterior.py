@@ -95,7 +95,7 @@ class FlipPosterior:
         end_log_prior = math.log(doubt * self.n / (1 - 2 * doubt)) if doubt > 0 else -math.inf
         # Log prior weight (relative) of each in-range hypothesis f = 1..n and of the two end
         # hypotheses: uniform by default; ``set_prior`` replaces them (the tiered search's
-        # confirm step starts from what the fast probe found: bisect_tool.tiers).
+        # confirm step starts from what the fast probe found: bisect_tool.strategy.tiers).
         self.log_prior = np.zeros(self.n)
         self.end_log_prior = np.array([end_log_prior, end_log_prior])
         self._flips: np.ndarray | None = None

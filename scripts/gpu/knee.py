@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bisect_tool import recipe as recipe_mod  # noqa: E402
+from bisect_tool.recipes import recipe as recipe_mod  # noqa: E402
 from bisect_tool.evaluate.server import server_evaluator  # noqa: E402
 from bisect_tool.interfaces import SwapSet  # noqa: E402
 from bisect_tool.runtime.gpus import GpuPool  # noqa: E402

@@ -348,7 +348,7 @@ step_model() {
   local r; r=$(recipe)
   "$PY" -c '
 import sys
-from bisect_tool import recipe
+from bisect_tool.recipes import recipe
 from bisect_tool.runtime.weights import resolve_weights
 print("[release_range] model:", resolve_weights(recipe.load(sys.argv[1]), progress=print).runtime.model)
 ' "$r"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 from click.shell_completion import CompletionItem
 
-from bisect_tool.recipe import bundled_names, looks_like_path
+from bisect_tool.recipes.recipe import bundled_names, looks_like_path
 
 
 def complete_recipe(

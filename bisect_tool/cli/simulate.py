@@ -8,8 +8,7 @@ from typing import Any
 import click
 
 from bisect_tool.clitypes import Finite
-from bisect_tool.errors import UsageError
-from bisect_tool.simulate import (
+from bisect_tool.designs.simulate import (
     GRID_FLAKY_GOOD_END,
     GRID_GOOD_END_BAD,
     GRID_N,
@@ -19,6 +18,7 @@ from bisect_tool.simulate import (
     SimulationResult,
     simulate,
 )
+from bisect_tool.errors import UsageError
 from bisect_tool.strategy import Costs
 
 

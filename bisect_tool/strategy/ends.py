@@ -33,7 +33,8 @@ neither, and the model named a commit in them with confidence (issues 30 and 38)
   it; lower rates are caught only where they show (``bisect simulate`` measures both).
 
 These hold the plain search (``designs.phases.stop``); the tiered search's confirm step is not
-held to the last two: its answer rests on the fast probe's flip as well (``bisect_tool.tiers``).
+held to the last two: its answer rests on the fast probe's flip as well
+(``bisect_tool.strategy.tiers``).
 """
 
 from __future__ import annotations

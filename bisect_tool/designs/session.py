@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bisect_tool import __version__, entries
+from bisect_tool import __version__
 from bisect_tool.cause import one_line
-from bisect_tool.ends import answer_doubt, good_end_not_good
 from bisect_tool.errors import StateError
-from bisect_tool.journal import JournalContents
+from bisect_tool.journal import JournalContents, entries
 from bisect_tool.range import Candidate, CommitRange
-from bisect_tool.recipe import Recipe, SearchSettings
+from bisect_tool.recipes.recipe import Recipe, SearchSettings
 from bisect_tool.strategy import BayesianStrategy, Costs, Priors
-from bisect_tool.tiers import (
+from bisect_tool.strategy.ends import answer_doubt, good_end_not_good
+from bisect_tool.strategy.tiers import (
     MixturePrior,
     Phase,
     Sides,
@@ -122,7 +122,7 @@ class State:
 
     ``strategy`` is the faithful search (the recipe's own probe: server lifetimes, a ``--run``
     command, manual verdicts). A tiered recipe (``[probe] narrow``) also has ``narrow``, the
-    fast probe's search, and moves through the phases of ``bisect_tool.tiers``.
+    fast probe's search, and moves through the phases of ``bisect_tool.strategy.tiers``.
     """
 
     header: dict[str, Any]
@@ -363,7 +363,8 @@ class State:
         s = self.strategy.summary()
         rates = self.strategy.rates()
         # a good end that showed the bug may not be a good end at all, and the commits before
-        # the flip may show it at a lower rate (bisect_tool.ends): the answer's confidence is
+        # the flip may show it at a lower rate (bisect_tool.strategy.ends): the answer's confidence
+        # is
         # P(the flip AND both ends as given), so it takes those doubts too
         not_good = good_end_not_good(s)
         return SearchState(

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool.errors import UsageError
-from bisect_tool.limits import inside, relative_problem
+from bisect_tool.recipes.limits import inside, relative_problem
 
 #: the environment variable naming the exported folder
 ENV_FOLDER = "BISECT_TEST_FROM"

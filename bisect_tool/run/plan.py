@@ -10,11 +10,11 @@ it spends a build or a GPU minute, and whether this machine can run it at all.
   the wheel-index candidates will move (the swap-set members and the central directory, read
   from one wheel's central directory: an estimate for the others).
 - **What it would cost**: the real search (``designs.bisect``, the run's own decision code,
-  through ``bisect_tool.simulate.run_design``, the harness ``bisect simulate`` uses) on
+  through ``bisect_tool.designs.simulate.run_design``, the harness ``bisect simulate`` uses) on
   simulated histories at an assumed p (the prior's
   mean unless ``--p``) and q, with the flip anywhere: the op runs, lifetimes, candidates, builds
   and wall time at the recipe's costs.
-- **The environment** (``bisect_tool.preflight``): the pinned interpreter, torch, the pinned
+- **The environment** (``bisect_tool.run.preflight``): the pinned interpreter, torch, the pinned
   stack, the GPU, Docker or Ray when the recipe's backend needs them, the random checkpoint;
   one line each, ok or missing with the fix. The required ones are what `start` checks before
   it writes a journal: a start that cannot work says so and leaves no session behind.
@@ -33,20 +33,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bisect_tool.designs.simulate import Outcome, run_design
 from bisect_tool.errors import BisectError
 from bisect_tool.kinds import find
-from bisect_tool.preflight import Check, environment
-from bisect_tool.recipe import Recipe
-from bisect_tool.simhistories import Lifetimes, step
-from bisect_tool.simulate import Outcome, run_design
+from bisect_tool.recipes.recipe import Recipe
+from bisect_tool.run.preflight import Check, environment
 from bisect_tool.strategy import Costs, Priors
-from bisect_tool.tiers import Tier
+from bisect_tool.strategy.simhistories import Lifetimes, step
+from bisect_tool.strategy.tiers import Tier
 from bisect_tool.values import Direction
 
 if TYPE_CHECKING:
     from bisect_tool.artifacts.origins import FetchEstimate, Origin
     from bisect_tool.range import CommitRange
-    from bisect_tool.request import StartRequest
+    from bisect_tool.run.request import StartRequest
 
 #: simulated runs behind the expected costs (seeded: the same plan prints the same numbers)
 TRIALS = 16
@@ -105,7 +105,7 @@ def simulate(
     """The run's own decision code on ``trials`` simulated histories: the fast probe (if the
     recipe narrows) deterministic at the same flip, lifetimes divergent with p on the bad side
     and q on the good side; ``rejected`` positions the gate refuses."""
-    from bisect_tool import lookahead
+    from bisect_tool.strategy import lookahead
 
     recipe = header.get("recipe") or {}
     search = recipe.get("search") or {}
@@ -161,7 +161,7 @@ def _one_run(
     slots: int,
 ) -> tuple[int, int, frozenset[int], bool]:
     """(op runs, lifetimes, positions run, named the flip) of one simulated run: the bisect
-    design a real run carries out, through ``bisect_tool.simulate.run_design`` (the harness
+    design a real run carries out, through ``bisect_tool.designs.simulate.run_design`` (the harness
     ``bisect simulate`` uses), the flip drawn anywhere in the range."""
     candidates = header["candidates"]
     n = len(candidates) - 1
@@ -264,9 +264,9 @@ class Plan:
 
 def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS) -> Plan:
     """The plan for what `start` was asked (``request``), with nothing written."""
-    from bisect_tool import session
+    from bisect_tool.designs import session
     from bisect_tool.range import placement
-    from bisect_tool.request import resolve
+    from bisect_tool.run.request import resolve
 
     commit_range, recipe, extra = resolve(request)
     header = session.header_for(

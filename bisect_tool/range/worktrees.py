@@ -128,7 +128,7 @@ def _lost_race(stderr: str) -> bool:
 
 
 def _lock_reason(session: str) -> str:
-    from bisect_tool.children import start_ticks
+    from bisect_tool.runtime.children import start_ticks
 
     reason = f"{_WORKTREE_LOCK} {os.getpid()} on {socket.gethostname()}"
     ticks = start_ticks(os.getpid())
@@ -139,7 +139,7 @@ def _lock_reason(session: str) -> str:
 
 def _owner_gone(reason: str) -> bool:
     """Whether the run that locked a worktree with ``reason`` is gone (False when unsure)."""
-    from bisect_tool.children import start_ticks
+    from bisect_tool.runtime.children import start_ticks
 
     match = _LOCK.match(reason)
     if match is None or match["host"] != socket.gethostname():

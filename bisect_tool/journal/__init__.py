@@ -3,7 +3,7 @@
 Every entry is one JSON object on one line, written and fsynced before the next step, so a crash
 loses at most the entry being written; a torn last line (crash mid-write) is skipped on read.
 What each entry holds, and the shape it is checked against on reading, is
-``bisect_tool.entries``.
+``bisect_tool.journal.entries``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool import redact
-from bisect_tool.entries import (
+from bisect_tool.errors import CorruptJournal, JournalLost, NoSession, StateDirUnusable, StateError
+from bisect_tool.journal.entries import (
     JOURNAL_VERSION,
     ShapeError,
     check_entry,
     check_header,
     environment,
 )
-from bisect_tool.errors import CorruptJournal, JournalLost, NoSession, StateDirUnusable, StateError
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -256,7 +256,7 @@ def read(path: Path) -> JournalContents:
     """Parse a journal; a torn last line is tolerated, a corrupt line elsewhere is an error.
 
     Any file at all gives either the journal's contents or a one-line ``StateError`` naming the
-    line: not UTF-8, not JSON, JSON of the wrong shape (see ``bisect_tool.entries``)."""
+    line: not UTF-8, not JSON, JSON of the wrong shape (see ``bisect_tool.journal.entries``)."""
     if not path.exists():
         raise NoSession(f"no bisect session at {path.parent}; start one with `bisect start`")
     try:
@@ -329,7 +329,8 @@ def _check_version(path: Path, entry: Any) -> None:
 def _check_shape(
     path: Path, number: int, entry: Any, candidates: int, header: bool
 ) -> int:
-    """Check line ``number``'s shape (``bisect_tool.entries``); returns how many candidates the
+    """Check line ``number``'s shape (``bisect_tool.journal.entries``); returns how many candidates
+    the
     journal lists (the header's count, read from it when ``header``)."""
     try:
         if header:

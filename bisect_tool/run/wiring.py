@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bisect_tool.engine import ControlsFor, ControlsRunner, _no_controls
 from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
 from bisect_tool.events import Note, Observer, ignore, notes_to
@@ -29,11 +28,12 @@ from bisect_tool.interfaces import ArtifactProvider, Evaluator, SwapSet
 from bisect_tool.kinds import find as spec_of
 from bisect_tool.kinds import op as op_kind
 from bisect_tool.kinds import server as server_kind
-from bisect_tool.newer_tests import NewerTests
-from bisect_tool.recipe import ProbeSettings, Recipe, RuntimeSettings
+from bisect_tool.range.newer_tests import NewerTests
+from bisect_tool.recipes.recipe import ProbeSettings, Recipe, RuntimeSettings
+from bisect_tool.run.engine import ControlsFor, ControlsRunner, _no_controls
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.runtime.sizing import ReadCards, read_cards, size
-from bisect_tool.tiers import Tier
+from bisect_tool.strategy.tiers import Tier
 
 if TYPE_CHECKING:
     from bisect_tool.artifacts.provider import CachingProvider

@@ -1,11 +1,12 @@
 """The run owner: one bisect from the range to its end.
 
-``start`` writes the new journal (``bisect_tool.request``: the range resolved, the header) and
+``start`` writes the new journal (``bisect_tool.run.request``: the range resolved, the header) and
 resumes it; ``resume`` continues a journal (that is all a run is: replaying the journal and
 going on), opened as every run's is (``journal.open_journal``): the environment entry, then the
 bisect design (``designs.bisect``: controls, the tiers, the end) carried out by the one engine
-(``bisect_tool.engine``) with the evaluators the recipe describes (``bisect_tool.wiring``). A
-release-level run that found its flip goes on to the commits (``bisect_tool.handover``). The
+(``bisect_tool.run.engine``) with the evaluators the recipe describes (``bisect_tool.run.wiring``).
+A
+release-level run that found its flip goes on to the commits (``bisect_tool.run.handover``). The
 CLIs (``bisect start/resume``, ``bisect demo``) only parse flags, call these, and print.
 Progress goes to an observer as events (``bisect_tool.events``); the run never prints.
 """
@@ -19,12 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bisect_tool import handover, session
 from bisect_tool import journal as journal_mod
 from bisect_tool.cause import one_line, root_cause
+from bisect_tool.designs import session
 from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.designs.manual import next_manual_candidate
-from bisect_tool.engine import ControlsRunner, Engine
 from bisect_tool.errors import (
     BisectError,
     InfrastructureError,
@@ -36,10 +36,12 @@ from bisect_tool.events import Note, Observer, RunStarted, ignore
 from bisect_tool.interfaces import Evaluator, Gates
 from bisect_tool.journal import Journal
 from bisect_tool.range import Candidate, CommitRange
-from bisect_tool.request import StartRequest, create_journal
+from bisect_tool.run import handover
+from bisect_tool.run.engine import ControlsRunner, Engine
+from bisect_tool.run.request import StartRequest, create_journal
+from bisect_tool.run.wiring import EvaluatorFactory, Evaluators, command_evaluator, open_evaluators
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState
-from bisect_tool.wiring import EvaluatorFactory, Evaluators, command_evaluator, open_evaluators
 
 
 @dataclass(frozen=True)
@@ -66,10 +68,10 @@ def start(
     if request.recipe is not None and evaluator_factory is open_evaluators:
         # before the journal: what cannot work here is one line naming the fix, and no session
         # is left to refuse the next start (injected evaluators bring their own environment)
-        from bisect_tool import preflight
+        from bisect_tool.run import preflight
 
         preflight.require(request.recipe)
-    from bisect_tool.statedir import archive_previous
+    from bisect_tool.run.statedir import archive_previous
 
     path, commit_range = create_journal(request, observer, keep=archive_previous)
     try:
@@ -105,7 +107,7 @@ def _continue_to_commits(
     evaluator_factory: EvaluatorFactory,
 ) -> Outcome | None:
     """A release-level run that found its flip goes on to the commits between the two
-    adjacent releases (``bisect_tool.handover``); None when there is nothing to do."""
+    adjacent releases (``bisect_tool.run.handover``); None when there is nothing to do."""
     request = handover.commit_request(journal_path, state, observer)
     if request is None:
         return None
@@ -122,7 +124,7 @@ def resume(
     _range: CommitRange | None = None,
 ) -> Outcome:
     """Continue the run the journal describes, from where it stopped."""
-    from bisect_tool import recipe as recipe_mod
+    from bisect_tool.recipes import recipe as recipe_mod
 
     handover.settle_handover(journal_path)
     contents = journal_mod.read(journal_path)
@@ -140,7 +142,7 @@ def resume(
     with journal_mod.open_journal(journal_path) as opened:
         journal = opened.journal
         if mode == "run":
-            from bisect_tool.newer_tests import NewerTests
+            from bisect_tool.range.newer_tests import NewerTests
 
             evaluator = command_evaluator(
                 header["run_command"],
@@ -406,9 +408,9 @@ def end_leftovers(
     repo: Path | None, state_dir: Path, session_id: str, observer: Observer
 ) -> int:
     """End what a killed run left running (probe process groups, worktrees); say how many."""
-    from bisect_tool.children import end_all
-    from bisect_tool.statedir import copied_from
-    from bisect_tool.worktrees import remove_stale_worktrees
+    from bisect_tool.range.worktrees import remove_stale_worktrees
+    from bisect_tool.run.statedir import copied_from
+    from bisect_tool.runtime.children import end_all
 
     # a copy of a live state dir (`cp -a`) records the live run's processes, not its own
     ended = 0 if copied_from(state_dir) else end_all(state_dir, session_id)

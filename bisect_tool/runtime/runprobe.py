@@ -116,7 +116,8 @@ _CHUNK = 65536
 
 #: how long a shepherd asked to stop (a timeout, Ctrl-C) has to end what the probe started
 SHEPHERD_GRACE_S = 5.0
-#: the probe's parent that keeps every process it starts findable (``bisect_tool.shepherd``);
+#: the probe's parent that keeps every process it starts findable
+#: (``bisect_tool.runtime.shepherd``);
 #: None where the kernel cannot (not Linux)
 _SHEPHERD: Path | None = (
     Path(__file__).with_name("shepherd.py") if sys.platform.startswith("linux") else None
@@ -363,7 +364,7 @@ def _end_group(
     group is SIGKILLed, the leader reaped, the members that left the group but carry the label
     ended, and all of them waited for. Ctrl-C is held back meanwhile: a second one must not
     leave half of it running."""
-    from bisect_tool.children import end_carrying, wait_gone
+    from bisect_tool.runtime.children import end_carrying, wait_gone
     from bisect_tool.runtime.common import signals_deferred
 
     with signals_deferred():

@@ -3,7 +3,7 @@
 A *Python side* is an end's package with its own swap set (``artifacts.stacks``, reached
 through the provider's ``python_side``); a cell is one lifetime of that Python side with the
 other end's compiled files laid over it by the runtime, exactly as a bisect candidate is.
-``Sides`` is what the matrix needs of them, and all it needs: ``bisect_tool.locate`` takes it
+``Sides`` is what the matrix needs of them, and all it needs: ``bisect_tool.run.locate`` takes it
 through a seam, so a test drives a locate with plain values; ``open_python_sides`` is the
 recipe's own, the one the CLI runs.
 """
@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bisect_tool.engine import ControlsFor
 from bisect_tool.errors import UsageError
 from bisect_tool.events import Note, Observer, ignore, notes_to
 from bisect_tool.interfaces import Evaluator
-from bisect_tool.matrix import Side
 from bisect_tool.range import Candidate
-from bisect_tool.recipe import Recipe
+from bisect_tool.recipes.recipe import Recipe
+from bisect_tool.run.engine import ControlsFor
+from bisect_tool.strategy.matrix import Side
 from bisect_tool.values import short
 
 
@@ -80,8 +80,8 @@ def open_python_sides(
     ``python_dirs`` gives for it, else the end's release wheel (``from_releases``), else its
     package in the clone ``repo``."""
     from bisect_tool.artifacts.stacks import side_from_dir
+    from bisect_tool.run.wiring import open_compiled, open_sides, side_recipe
     from bisect_tool.runtime.weights import resolve_weights
-    from bisect_tool.wiring import open_compiled, open_sides, side_recipe
 
     given = python_dirs or {}
     package = recipe.artifacts.package

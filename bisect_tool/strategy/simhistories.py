@@ -1,4 +1,5 @@
-"""The simulated histories `bisect simulate` searches (``bisect_tool.simulate``): how often a
+"""The simulated histories `bisect simulate` searches (``bisect_tool.designs.simulate``): how often
+a
 lifetime shows the bug at each candidate, the right answer, the lifetimes drawn from them, and
 the least any search can pay on one (Fano's bound on the channel bad -> Bernoulli(p), good ->
 Bernoulli(q))."""

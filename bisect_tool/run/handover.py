@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bisect_tool import session
+from bisect_tool.designs import session
 from bisect_tool.events import Note, Observer
-from bisect_tool.request import Carried, StartRequest
-from bisect_tool.tiers import Tier
+from bisect_tool.run.request import Carried, StartRequest
+from bisect_tool.strategy.tiers import Tier
 from bisect_tool.values import Direction, percent
 from bisect_tool.verdict import EndState
 
@@ -41,8 +41,8 @@ def commit_request(
         return None
     if EndState(state.end["state"]) is not EndState.DONE:
         return None
-    from bisect_tool import recipe as recipe_mod
     from bisect_tool.range import open_repo, resolve_ref
+    from bisect_tool.recipes import recipe as recipe_mod
 
     summary = state.strategy.summary()
     block, mass = summary.block, summary.confidence

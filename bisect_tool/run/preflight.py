@@ -28,7 +28,7 @@ from typing import Any
 
 from bisect_tool.errors import InfrastructureError
 from bisect_tool.kinds import find
-from bisect_tool.recipe import Recipe
+from bisect_tool.recipes.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def _weights(recipe: Recipe) -> Check:
     import hashlib
 
     from bisect_tool.dirs import default_cache_dir
-    from bisect_tool.recipe import BUNDLED_DIR
+    from bisect_tool.recipes.recipe import BUNDLED_DIR
 
     spec = Path(recipe.runtime.weights.split(":", 1)[1]).expanduser()
     bases = [Path(recipe.source).parent] if recipe.source else []

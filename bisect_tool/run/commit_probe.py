@@ -1,7 +1,7 @@
 """One candidate, as a bisect evaluates it: ``bisect probe --commit REF``.
 
 The candidate's artifacts, fresh lifetimes (and, asked, the controls) through the evaluators
-the recipe describes (``bisect_tool.wiring``, the same a run uses), and its verdict by the
+the recipe describes (``bisect_tool.run.wiring``, the same a run uses), and its verdict by the
 search's own rule (``bisect_tool.verdict``). No journal: a probe decides nothing.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 from bisect_tool.errors import UsageError
 from bisect_tool.events import ControlsEnded, LifetimeEnded, LifetimeStarted, Note, Observer, ignore
 from bisect_tool.kinds import find
-from bisect_tool.recipe import Recipe
+from bisect_tool.recipes.recipe import Recipe
+from bisect_tool.run.wiring import EvaluatorFactory, open_evaluators
 from bisect_tool.values import Observation, Verdict, short
 from bisect_tool.verdict import aggregate, trusted
-from bisect_tool.wiring import EvaluatorFactory, open_evaluators
 
 
 @dataclass(frozen=True)

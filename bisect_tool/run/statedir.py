@@ -40,7 +40,7 @@ from pathlib import Path
 from bisect_tool.errors import ResetRefused, StateDirUnusable
 
 STATE_SUBDIR = "bisect-tool"
-#: the lock (filelock's empty file) and its holder's record (``bisect_tool.statelock``)
+#: the lock (filelock's empty file) and its holder's record (``bisect_tool.run.statelock``)
 LOCK_NAME = "lock"
 HOLDER_NAME = "lock.holder"
 #: written into every state dir the tool creates: what proves to ``reset`` that it is the tool's
@@ -192,7 +192,7 @@ def archive_previous(path: Path) -> Path:
 
     A new ``start`` deleted the previous session's journal without a word (issue 38): the
     record of a finished bisect is the user's, for as long as they keep the state dir."""
-    from bisect_tool.handover import RELEASES_NAME
+    from bisect_tool.run.handover import RELEASES_NAME
 
     archive = path.parent / ARCHIVE_DIR
     try:
@@ -250,9 +250,9 @@ def check_output(target: Path, flag: str, journal: Path, state_dir: Path | None)
 
 
 def _journal_names() -> tuple[str, ...]:
-    from bisect_tool.handover import HANDOVER_NAME, RELEASES_NAME
     from bisect_tool.journal import JOURNAL_NAME
-    from bisect_tool.locate import LOCATE_JOURNAL
+    from bisect_tool.run.handover import HANDOVER_NAME, RELEASES_NAME
+    from bisect_tool.run.locate import LOCATE_JOURNAL
 
     return (JOURNAL_NAME, HANDOVER_NAME, RELEASES_NAME, LOCATE_JOURNAL)
 
@@ -262,7 +262,7 @@ def state_entries() -> dict[str, str]:
     a bisect header), "partial" (a journal or holder being written: temp + rename), "lock"
     (filelock's empty file), "holder" (the lock holder's JSON), "folder" (logs/, children/),
     "marker" (the tool's mark), "archive" (earlier sessions' journals, every one a journal)."""
-    from bisect_tool.children import CHILDREN_DIR
+    from bisect_tool.runtime.children import CHILDREN_DIR
     entries = {LOCK_NAME: "lock", HOLDER_NAME: "holder", HOLDER_NAME + ".new": "partial",
                "logs": "folder", CHILDREN_DIR: "folder", MARKER_NAME: "marker",
                MARKER_NAME + ".new": "partial", ARCHIVE_DIR: "archive"}

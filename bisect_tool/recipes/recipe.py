@@ -17,9 +17,9 @@ from typing import Any
 
 from bisect_tool.errors import RecipeError
 from bisect_tool.kinds import DEFAULT as DEFAULT_KIND
-from bisect_tool.tomlvalues import check_value, did_you_mean
+from bisect_tool.recipes.tomlvalues import check_value, did_you_mean
 
-BUNDLED_DIR = Path(__file__).parent / "recipes"
+BUNDLED_DIR = Path(__file__).parent
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class ArtifactSettings:
     python_side: str = "pinned"
     # Candidates fetched or built ahead of the one the next decision needs (--prefetch K); a
     # run then builds at most K more than it runs. -1: the run chooses from its measured costs
-    # (0 for source builds on the machine the probe keeps busy; bisect_tool/lookahead.py).
+    # (0 for source builds on the machine the probe keeps busy; bisect_tool/strategy/lookahead.py).
     prefetch: int = -1
 
 
@@ -87,7 +87,8 @@ class RuntimeSettings:
     gpus: tuple[str, ...] = ()
     # GPUs of one host a lifetime takes: vLLM's tensor-parallel size (--tensor-parallel-size is
     # passed, and the NCCL settings vLLM's batch-invariance mode sets are kept in every
-    # lifetime's environment: bisect_tool/wiring.py, TP_DETERMINISM_ENV). The bugs that live only
+    # lifetime's environment: bisect_tool/run/wiring.py, TP_DETERMINISM_ENV). The bugs that live
+    # only
     # with TP (vLLM #51290, #50136, #56370) need 2 or more; list at least as many GPUs.
     gpus_per_lifetime: int = 1
     # The compatibility gate compares these ops only ("_C::rms_norm" or "rms_norm"; empty: every
@@ -186,7 +187,7 @@ class ProbeSettings:
     negative_servers: int = 1
     # A fast stand-in probe to narrow the range with before this probe confirms the flip on
     # both sides of it ("" = none; "op": the op check below on each candidate's extension).
-    # See bisect_tool/tiers.py.
+    # See bisect_tool/strategy/tiers.py.
     narrow: str = ""
     # git bisect's contract (``--deterministic``): the probe gives a candidate the same answer
     # every run, so each candidate runs once, at most ceil(log2 N) + 2 runs in all; a run that
@@ -270,7 +271,7 @@ class Recipe:
         if not given:
             return self
         current = getattr(self, section)
-        from bisect_tool.limits import check_section
+        from bisect_tool.recipes.limits import check_section
 
         check_section("command line", section, given)
         try:
@@ -427,7 +428,7 @@ def _build_section(source: str, section: str, cls: type, raw: dict[str, Any]) ->
                 f"{', '.join(sorted(names))}"
             )
         values[key] = check_value(source, f"{section}.{key}", value, hints[key])
-    from bisect_tool.limits import check_section
+    from bisect_tool.recipes.limits import check_section
 
     check_section(source, section, values)
     if section == "runtime" and "env" in values:

@@ -21,9 +21,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from bisect_tool import statedir
 from bisect_tool.errors import LockHeld, StateDirUnusable
-from bisect_tool.statedir import HOLDER_NAME, LOCK_NAME
+from bisect_tool.run import statedir
+from bisect_tool.run.statedir import HOLDER_NAME, LOCK_NAME
 
 __all__ = ["HOLDER_NAME", "LOCK_NAME", "Holder", "ensure_dir", "hold", "live_holder",
            "read_holder"]

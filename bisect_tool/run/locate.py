@@ -1,6 +1,7 @@
 """``bisect locate``: which side carries the change, before any bisect (issue 18).
 
-Runs the recipe's faithful probe on the four cells of ``bisect_tool.matrix`` ({good, bad} Python
+Runs the recipe's faithful probe on the four cells of ``bisect_tool.strategy.matrix`` ({good, bad}
+Python
 side x {good, bad} compiled side), several fresh lifetimes each, with the controls on the good
 end's own pair, and weighs the explanations under the search's intermittency model. Each Python
 side is the end's package with its own swap set (``artifacts.stacks``); a cell is one lifetime
@@ -26,16 +27,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bisect_tool import entries
 from bisect_tool import journal as journal_mod
 from bisect_tool.designs.locate import LocateDesign
-from bisect_tool.engine import Engine
 from bisect_tool.errors import NoAnswer, UsageError
 from bisect_tool.events import Observer, ignore
-from bisect_tool.locate_sides import Sides, compiled_only, open_python_sides
-from bisect_tool.matrix import CELLS, GG, MEANING, Cell, CellCounts, Explanation, Finding, Side
+from bisect_tool.journal import entries
 from bisect_tool.range import Candidate
-from bisect_tool.recipe import Recipe
+from bisect_tool.recipes.recipe import BUNDLED_DIR, Recipe
+from bisect_tool.run.engine import Engine
+from bisect_tool.run.locate_sides import Sides, compiled_only, open_python_sides
+from bisect_tool.strategy.matrix import (
+    CELLS,
+    GG,
+    MEANING,
+    Cell,
+    CellCounts,
+    Explanation,
+    Finding,
+    Side,
+)
 from bisect_tool.values import percent
 from bisect_tool.verdict import EndState
 
@@ -178,7 +188,7 @@ def whole_commits(recipe: Recipe) -> Recipe:
         range=dataclasses.replace(compiled.range, paths=paths),
         probe=dataclasses.replace(compiled.probe, narrow=""),
     )
-    from bisect_tool.recipe import check_whole
+    from bisect_tool.recipes.recipe import check_whole
 
     check_whole(whole, recipe.source or recipe.name)
     return whole
@@ -243,7 +253,7 @@ def next_step(
     bisect with the swap set; between two adjacent releases that is the commits between them,
     in a clone (a release-level bisect would have nothing to search)."""
     recipe = request.recipe
-    name = recipe.name if recipe.source.startswith(str(Path(__file__).parent)) else (
+    name = recipe.name if recipe.source.startswith(str(BUNDLED_DIR)) else (
         recipe.source or recipe.name)
     good_ref = good.tags[0] if request.releases is not None and good.tags else request.good
     bad_ref = bad.tags[0] if request.releases is not None and bad.tags else request.bad

@@ -257,7 +257,8 @@ class Engine:
             self._start(Work(tuple(items), work.prepare))
             return
         # one slot: each in turn, journaled before the next starts
-        # (the lookahead, bisect_tool.lookahead: each step replaces the last list, so an empty
+        # (the lookahead, bisect_tool.strategy.lookahead: each step replaces the last list, so an
+        # empty
         # one stops what an earlier guess would still have fetched)
         self._arm(items[-1]).prepare(list(work.prepare))
         for item in items:

@@ -4,9 +4,10 @@ A benchmark, not a test: users plan a budget with it, and we hold the search to 
 One harness, ``run_design``, drives the bisect design a real run carries out
 (``designs.bisect.BisectDesign``: every stop rule, the good end's, the bad end's, the budget)
 through ``designs.drive`` against simulated lifetimes; ``bisect simulate``, ``bisect plan``'s
-estimates (``bisect_tool.plan``) and the accuracy tests all go through it.
+estimates (``bisect_tool.run.plan``) and the accuracy tests all go through it.
 
-A *history* (``History``, bisect_tool.simhistories) says how often a lifetime shows the bug at
+A *history* (``History``, bisect_tool.strategy.simhistories) says how often a lifetime shows the
+bug at
 each candidate, and what the right answer is: one flip (``step``: the bad side at p, the good
 side at q), a given good end that is in fact bad (``beyond_good_end``), a bug that a later
 commit makes worse (``rate_step``: issue 38), or a good end that shows the bug now and then
@@ -51,13 +52,13 @@ from typing import Any
 
 import numpy as np
 
-from bisect_tool import session
-from bisect_tool.designs import Item, drive
+from bisect_tool.designs import Item, drive, session
 from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JournalContents
 from bisect_tool.kinds import narrowing
-from bisect_tool.simhistories import (
+from bisect_tool.strategy import BayesianStrategy, Costs, Priors
+from bisect_tool.strategy.simhistories import (
     History,
     Lifetimes,
     LowerBound,
@@ -67,8 +68,7 @@ from bisect_tool.simhistories import (
     rate_step,
     step,
 )
-from bisect_tool.strategy import BayesianStrategy, Costs, Priors
-from bisect_tool.tiers import Tier
+from bisect_tool.strategy.tiers import Tier
 from bisect_tool.values import Direction, Observation, Verdict
 from bisect_tool.verdict import EndState
 
@@ -86,7 +86,8 @@ GRID_GOOD_END_BAD = ((64, 0.3, 0.01), (64, 0.5, 0.01), (64, 1.0, 0.0), (512, 0.5
 #: position a and at p from b (a regression; positions from the good end; a = 0: the good end
 #: itself shows it). Naming b, or anything but a, is wrong; stopping without an answer is not
 #: The first three hold the search to <= 1 % wrong (a lower rate of one half or more: the good
-#: end and the commit next to the flip run clean 8 and 9 times, bisect_tool.ends); the last two show
+#: end and the commit next to the flip run clean 8 and 9 times, bisect_tool.strategy.ends); the
+#: last two show
 #: what it cannot hold cheaply, rates of 0.3 and 0.15, caught only where they show.
 GRID_RATE_STEP = ((30, 17, 0.5, 26, 1.0, 0.0), (64, 30, 0.5, 34, 0.8, 0.01),
                   (64, 0, 0.5, 32, 1.0, 0.0), (64, 20, 0.3, 40, 1.0, 0.01),

@@ -4,7 +4,7 @@
 ``bisect demo``, a release-level run going on to its commits). ``resolve`` turns it into the
 candidates (commits of a clone, or releases on an index) and the recipe as the run will use
 it; ``create_journal`` writes the new journal's header (and the entries a commit-level run
-carries over from the release-level run before it). The run owner (``bisect_tool.run``) then
+carries over from the release-level run before it). The run owner (``bisect_tool.run.owner``) then
 resumes that journal: a run is replaying its journal and going on.
 """
 
@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bisect_tool import entries, session
 from bisect_tool import journal as journal_mod
+from bisect_tool.designs import session
 from bisect_tool.errors import StateError, UsageError
 from bisect_tool.events import Note, Observer, ignore
+from bisect_tool.journal import entries
 from bisect_tool.range import CommitRange
-from bisect_tool.recipe import Recipe
+from bisect_tool.recipes.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class StartRequest:
     releases: ReleaseRequest | None = None
     carried: Carried | None = None
     # --test-from REF --test-file PATH: test files of a newer commit, run at every candidate
-    # (bisect_tool.newer_tests)
+    # (bisect_tool.range.newer_tests)
     test_from: str | None = None
     test_files: tuple[str, ...] = ()
 
@@ -96,7 +97,7 @@ def create_journal(
     finished session's journal is first moved away by ``keep`` (``statedir.archive_previous``:
     the run owner passes it), which says where it went; without ``keep`` it is replaced."""
     from bisect_tool.range import remote_url
-    from bisect_tool.remote import clone_link_base
+    from bisect_tool.range.remote import clone_link_base
 
     path = request.journal_path
     recorded: list[dict[str, Any]] = []
@@ -122,7 +123,7 @@ def create_journal(
     )
     mode = "run" if request.run_command else ("recipe" if recipe else "manual")
     if request.test_from is not None or request.test_files:
-        from bisect_tool import newer_tests
+        from bisect_tool.range import newer_tests
 
         if mode != "run":
             raise UsageError("--test-from and --test-file go with --run CMD (the command that "

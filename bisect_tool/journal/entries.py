@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
-from bisect_tool.tiers import Phase, Tier
+from bisect_tool.strategy.tiers import Phase, Tier
 from bisect_tool.values import Direction, Observation, Verdict
 
 JOURNAL_VERSION = 1

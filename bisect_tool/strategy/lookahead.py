@@ -32,7 +32,7 @@ import numpy as np
 
 from bisect_tool.kinds import find, narrowing
 from bisect_tool.strategy import BayesianStrategy, Costs, NoCandidateLeft
-from bisect_tool.tiers import Tier
+from bisect_tool.strategy.tiers import Tier
 
 #: ``[artifacts] prefetch`` = -1: the run chooses K
 CHOSEN_BY_RUN = -1

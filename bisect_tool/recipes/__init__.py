@@ -1,0 +1,1 @@
+"""Recipes: the bundled TOML files, and the code that reads and checks them."""
