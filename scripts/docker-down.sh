@@ -33,13 +33,20 @@ as_root() {
 remove_images=()
 keep_images=()
 remove_containers=()
+keep_containers=()
 if docker info >/dev/null 2>&1; then
-    # the containers the tool started (label bisect.tool=bisect), left by a crashed run or an
-    # interrupted test: they hold their images, which `docker rmi` then refuses (CI, 2026-12-07)
-    while read -r id image session; do
-        [ -n "$id" ] && remove_containers+=("$id ($image, session ${session:-?})")
+    # the containers the tool started (label bisect.tool=bisect) and that no longer run, left by
+    # a crashed run or an interrupted test: they hold their images, which `docker rmi` then
+    # refuses (CI, 2026-12-07). A running one is a live run's: kept, and named
+    while read -r id image state session; do
+        [ -n "$id" ] || continue
+        if [ "$state" = running ] || [ "$state" = restarting ] || [ "$state" = paused ]; then
+            keep_containers+=("$id ($image, session ${session:-?}: $state; \`bisect reset\` in that run's clone ends it)")
+        else
+            remove_containers+=("$id ($image, session ${session:-?})")
+        fi
     done < <(docker ps -a --filter "label=bisect.tool=bisect" \
-        --format '{{.ID}} {{.Image}} {{.Label "bisect.session"}}' 2>/dev/null)
+        --format '{{.ID}} {{.Image}} {{.State}} {{.Label "bisect.session"}}' 2>/dev/null)
     for repo in $REPOS; do
         while read -r ref id; do
             [ -n "$ref" ] || continue
@@ -83,6 +90,7 @@ if [ "${#remove_images[@]}" -eq 0 ] && [ "${#remove_containers[@]}" -eq 0 ] && [
     && [ "${#remove_packages[@]}" -eq 0 ]; then
     say "nothing to undo${engine_note:+ ($engine_note)}"
     [ "${#keep_images[@]}" -gt 0 ] && printf '  kept: %s\n' "${keep_images[@]}"
+    [ "${#keep_containers[@]}" -gt 0 ] && printf '  kept: the running container %s\n' "${keep_containers[@]}"
     [ -n "${engine_gone:-}" ] && echo "  $engine_gone: nothing stopped"
     rm -f "$RECORD/engine" "$RECORD/packages"
     rmdir "$RECORD" 2>/dev/null
@@ -95,6 +103,7 @@ echo "docker-down will change this machine:"
 [ -n "$engine_pid" ] && echo "  - stop the dockerd docker-up started (pid $engine_pid)"
 [ "${#remove_packages[@]}" -gt 0 ] && echo "  - apt-get remove, as root, the ${#remove_packages[@]} packages docker-up installed: ${remove_packages[*]}"
 [ "${#keep_images[@]}" -gt 0 ] && printf '  - keep %s\n' "${keep_images[@]}"
+[ "${#keep_containers[@]}" -gt 0 ] && printf '  - keep the running container %s\n' "${keep_containers[@]}"
 [ -n "${engine_gone:-}" ] && echo "  - stop nothing: $engine_gone"
 [ -n "$engine_note" ] && echo "  - $engine_note"
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,3 +355,25 @@ def write_content_probe(path: Path, *, marker_means: str, file: str = "csrc/kern
         """
     ))
     return f"{sys.executable} -I -S {path}"
+
+
+def live_run(
+    repo: Repo, tmp_path: Path, *, flip: int
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """A real `bisect start --run` on ``repo`` (v0.1.0 good, v0.4.0 bad) whose probe sleeps 60 s
+    in each lifetime, returned once its first probe is running: (the process, its state dir,
+    the probe's record of the lifetimes it began)."""
+    record = tmp_path / "record.txt"
+    command = write_probe(tmp_path / "probe.py", flip=flip, record=record)
+    state = tmp_path / "st"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
+         "--run", command, "--repo", str(repo.path), "--state-dir", str(state)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PROBE_SLEEP": "60"},
+    )
+    deadline = time.monotonic() + 60
+    while not (record.exists() and record.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc, state, record

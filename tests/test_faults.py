@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
-from gitrepos import Repo, git, linear, run_cli, write_probe
+from gitrepos import Repo, git, linear, live_run, run_cli
 
 from bisect_tool import journal as journal_mod
 from bisect_tool.errors import (
@@ -110,17 +109,7 @@ def test_first_lifetime_echoes_its_working_directory(repo: Repo, tmp_path: Path)
 
 
 def _slow_run(repo: Repo, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    record = tmp_path / "record.txt"
-    command = write_probe(tmp_path / "probe.py", flip=FLIP, record=record)
-    state = tmp_path / "st"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
-         "--run", command, "--repo", str(repo.path), "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PROBE_SLEEP": "60"},
-    )
-    _wait_for(lambda: record.exists() and record.read_text().strip())
-    return proc, state, record
+    return live_run(repo, tmp_path, flip=FLIP)
 
 
 def _session(state: Path) -> str:

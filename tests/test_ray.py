@@ -250,31 +250,7 @@ def _netns_problem() -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(330)
 def test_bisect_on_two_ray_nodes_survives_losing_one(tmp_path: Path) -> None:
-    if RAY_MISSING:
-        print(f"skipped: {RAY_MISSING}")
-        pytest.skip(RAY_MISSING)
-    problem = _netns_problem()
-    if problem:
-        print(f"skipped: {problem}")
-        pytest.skip(problem)
-    # Short: Ray's unix socket paths live under the temp dir (108-byte limit).
-    ray_tmp = Path(tempfile.mkdtemp(prefix="bray", dir="/tmp"))
-    try:
-        out = tmp_path / "result.json"
-        script = cluster_script(ray_tmp, tmp_path / "work", out, num_gpus=2, worker=True)
-        proc = subprocess.run(
-            ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=ROOT,
-        )
-        assert out.exists(), (
-            f"driver wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-        result = json.loads(out.read_text())
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    result = run_on_cluster(tmp_path, worker=True)
     print(json.dumps({k: v for k, v in result.items() if k != "attempts"}, indent=1))
     assert result["error"] == "", result["error"]
     assert result["state"] == "done"
@@ -302,26 +278,7 @@ def test_ray_driver_killed_mid_run_and_resumed_loses_and_doubles_nothing(tmp_pat
     """The crash test on the Ray backend: kill -9 the driver while lifetimes run as Ray tasks,
     `bisect resume`: the journal before the kill is a prefix of the final one, every lifetime id
     is journaled once (the ones in flight at the kill included), and the answer is right."""
-    if RAY_MISSING:
-        pytest.skip(RAY_MISSING)
-    problem = _netns_problem()
-    if problem:
-        pytest.skip(problem)
-    ray_tmp = Path(tempfile.mkdtemp(prefix="bray", dir="/tmp"))
-    try:
-        out = tmp_path / "result.json"
-        script = cluster_script(ray_tmp, tmp_path / "work", out, num_gpus=2, worker=False,
-                                extra="crash")
-        proc = subprocess.run(
-            ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-        )
-        assert out.exists(), (
-            f"driver wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-        result = json.loads(out.read_text())
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    result = run_on_cluster(tmp_path, worker=False, extra="crash")
     print(json.dumps(result, indent=1))
     assert result["error"] == "", result["error"]
     assert result["killed_rc"] == -signal.SIGKILL
@@ -333,6 +290,36 @@ def test_ray_driver_killed_mid_run_and_resumed_loses_and_doubles_nothing(tmp_pat
     assert result["observations"] > result["observations_at_kill"] >= 2
     assert result["state"] == "done" and result["flip_commit"] == result["planted_commit"]
     assert result["leftover_servers"] == 0
+
+
+def run_on_cluster(tmp_path: Path, *, worker: bool, extra: str = "") -> dict[str, Any]:
+    """The driver's result of a run on a local Ray cluster (2 logical GPUs; a worker node too
+    with ``worker``) inside a namespace with only loopback; skips where Ray or the namespace is
+    missing, saying why."""
+    if RAY_MISSING:
+        print(f"skipped: {RAY_MISSING}")
+        pytest.skip(RAY_MISSING)
+    problem = _netns_problem()
+    if problem:
+        print(f"skipped: {problem}")
+        pytest.skip(problem)
+    # Short: Ray's unix socket paths live under the temp dir (108-byte limit).
+    ray_tmp = Path(tempfile.mkdtemp(prefix="bray", dir="/tmp"))
+    try:
+        out = tmp_path / "result.json"
+        script = cluster_script(ray_tmp, tmp_path / "work", out, num_gpus=2, worker=worker,
+                                extra=extra)
+        proc = subprocess.run(
+            ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )
+        assert out.exists(), (
+            f"driver wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+        result: dict[str, Any] = json.loads(out.read_text())
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    return result
 
 
 def cluster_script(
@@ -741,26 +728,7 @@ def test_lifetimes_share_a_ray_nodes_gpus_two_a_gpu(tmp_path: Path) -> None:
     each lifetime's task asks half a GPU, so 4 run at once and the cluster's GPUs are all taken
     while they do; every GPU hosts lifetimes; the swap set is put in the object store once for
     all 8."""
-    if RAY_MISSING:
-        pytest.skip(RAY_MISSING)
-    problem = _netns_problem()
-    if problem:
-        pytest.skip(problem)
-    ray_tmp = Path(tempfile.mkdtemp(prefix="bray", dir="/tmp"))
-    try:
-        out = tmp_path / "result.json"
-        script = cluster_script(ray_tmp, tmp_path / "work", out, num_gpus=2, worker=False,
-                                extra="spread")
-        proc = subprocess.run(
-            ["unshare", "--net", "--pid", "--fork", "--mount-proc", "bash", "-c", script],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-        )
-        assert out.exists(), (
-            f"driver wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-        result = json.loads(out.read_text())
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    result = run_on_cluster(tmp_path, worker=False, extra="spread")
     print(json.dumps(result, indent=1))
     assert result["error"] == "", result["error"]
     assert result["parallel"] == 4 and result["least_free_gpus"] == 0.0

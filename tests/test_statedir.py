@@ -13,11 +13,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from gitrepos import Repo, linear, run_cli, write_probe
+from gitrepos import Repo, linear, live_run, run_cli
 
 from bisect_tool import journal as journal_mod
 from bisect_tool.errors import ResetRefused, StateDirUnusable, UsageError
@@ -133,19 +132,7 @@ def test_the_default_state_dir_is_the_tools_by_its_place(tmp_path: Path) -> None
 
 
 def _live_run(repo: Repo, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, str]:
-    record = tmp_path / "record.txt"
-    command = write_probe(tmp_path / "probe.py", flip=FLIP, record=record)
-    state = tmp_path / "st"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bisect_tool", "start", "--good", "v0.1.0", "--bad", "v0.4.0",
-         "--run", command, "--repo", str(repo.path), "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PROBE_SLEEP": "60"},
-    )
-    deadline = time.monotonic() + 60
-    while not (record.exists() and record.read_text().strip()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
+    proc, state, _ = live_run(repo, tmp_path, flip=FLIP)
     session = str(journal_mod.read(state / "journal.jsonl").header["session"])
     return proc, state, session
 

@@ -180,7 +180,7 @@ def test_docker_down_stops_the_engine_docker_up_started_and_only_that_one(
 
 @pytest.mark.docker
 def test_docker_down_removes_the_tools_images_and_keeps_one_that_only_inherited_the_label(
-    tmp_path: Path, docker_client: Any
+    tmp_path: Path, docker_client: Any, base_image: str
 ) -> None:
     import io
     import tarfile
@@ -200,6 +200,10 @@ def test_docker_down_removes_the_tools_images_and_keeps_one_that_only_inherited_
     left = docker_client.containers.create(
         f"{repo}:own", command=["/left-by-a-crash"],
         labels={"bisect.tool": "bisect", "bisect.session": "crashed"})
+    # one a live run is using: kept, and named
+    live = docker_client.containers.run(
+        base_image, ["sleep", "120"], detach=True, network_mode="host",
+        labels={"bisect.tool": "bisect", "bisect.session": "live"})
     try:
         docker = shutil.which("docker")
         assert docker
@@ -213,10 +217,14 @@ def test_docker_down_removes_the_tools_images_and_keeps_one_that_only_inherited_
         assert f"removed {repo}:own" in done.stdout
         assert f"removed container {left.short_id}" in done.stdout
         assert not docker_client.containers.list(all=True, filters={"id": left.id})
+        assert f"keep the running container {live.short_id}" in done.stdout
+        live.reload()
+        assert live.status == "running"
         assert f"keep {repo}:derived (label bisect.image=bisect-base, not {repo}" in done.stdout
     finally:
         with contextlib.suppress(Exception):  # already removed by the script
             left.remove(force=True)
+        live.remove(force=True)
         for ref in made:
             with contextlib.suppress(Exception):  # already removed by the script
                 docker_client.images.remove(ref, force=True)
