@@ -54,25 +54,25 @@ def log2_ceil(n: int) -> int:
 
 
 def _header(n: int, deterministic: bool, mode: str) -> dict[str, Any]:
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
 
     return {
         "direction": "regression", "mode": mode,
         "candidates": [{"sha": f"{i:040x}", "subject": ""} for i in range(n)],
-        "recipe": session.header_recipe(None, {}, deterministic=deterministic),
+        "recipe": ledger.header_recipe(None, {}, deterministic=deterministic),
     }
 
 
 def _runs(args: tuple[int, int, bool, str]) -> tuple[int, bool]:
     """(runs, named the flip) of one search over ``n`` candidates whose probe fails at every
     position >= ``flip`` and nowhere else (a deterministic probe)."""
-    from bisect_tool.designs import Item, drive, manual, session
+    from bisect_tool.designs import Item, drive, ledger, manual
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.journal import JournalContents
     from bisect_tool.values import Observation, Verdict
 
     n, flip, deterministic, mode = args
-    state = session.replay(JournalContents(_header(n, deterministic, mode), ()))
+    state = ledger.replay(JournalContents(_header(n, deterministic, mode), ()))
 
     def verdict(position: int) -> Verdict:
         return Verdict.DIVERGENT if position >= flip else Verdict.CLEAN

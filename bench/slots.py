@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 from bisect_tool.designs import (  # noqa: E402
     Item,
     Work,
-    session,  # noqa: E402
+    ledger,  # noqa: E402
 )
 from bisect_tool.designs.bisect import BisectDesign  # noqa: E402
 from bisect_tool.journal import Journal, entries, read  # noqa: E402
@@ -174,12 +174,12 @@ def one_run(folder: Path, n: int, tiered: bool, design_class: type[BisectDesign]
     evaluators = Evaluators(faithful, slots, narrow=narrow)
     started = time.perf_counter()
     with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe=recipe, mode="recipe"))
-        state = session.replay(read(path))
+        journal.append(ledger.header_for(rng, recipe=recipe, mode="recipe"))
+        state = ledger.replay(read(path))
         Engine(journal, design_class(state, slots=slots), evaluators.arms(),
                parallel=slots).run()
     seconds = (time.perf_counter() - started) / scale
-    summary = state.summary()
+    summary = state.standing().status()
     observed = read(path).observations
     return {
         "seconds": seconds,
@@ -211,8 +211,8 @@ def controls_run(folder: Path, own_slot: bool, seed: int, scale: float,
     path = folder / "journal.jsonl"
     started = time.perf_counter()
     with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe=recipe, mode="recipe"))
-        state = session.replay(read(path))
+        journal.append(ledger.header_for(rng, recipe=recipe, mode="recipe"))
+        state = ledger.replay(read(path))
         design = BisectDesign(state, slots=slots, controls=True)
         Engine(journal, design, evaluators.arms(), parallel=slots,
                controls_for=evaluators.controls_for).run()
@@ -220,7 +220,7 @@ def controls_run(folder: Path, own_slot: bool, seed: int, scale: float,
     return {
         "seconds": (time.perf_counter() - started) / scale,
         "lifetimes": sum(1 for o in observed if o.get("tier") != "narrow"),
-        "right": state.summary().get("flip_commit") == shas[flip],
+        "right": state.standing().status().get("flip_commit") == shas[flip],
         "peak_servers": servers.peak,
     }
 
@@ -337,8 +337,8 @@ def critical_path_run(folder: Path, off: bool, seed: int, scale: float,
     path = folder / "journal.jsonl"
     started = time.perf_counter()
     with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe=recipe, mode="recipe", level="release"))
-        state = session.replay(read(path))
+        journal.append(ledger.header_for(rng, recipe=recipe, mode="recipe", level="release"))
+        state = ledger.replay(read(path))
         design = BisectDesign(state, slots=slots, controls=True, controls_beside=off,
                               gate_sweep=off)
         Engine(journal, design, evaluators.arms(), parallel=slots,
@@ -348,7 +348,7 @@ def critical_path_run(folder: Path, off: bool, seed: int, scale: float,
         "seconds": (time.perf_counter() - started) / scale,
         "lifetimes": sum(1 for o in contents.observations
                          if o.get("tier") != "narrow" and o.get("verdict") != "untestable"),
-        "right": state.summary().get("flip_commit") == shas[flip],
+        "right": state.standing().status().get("flip_commit") == shas[flip],
         "refused_controls": sum(1 for c in contents.of_type("controls") if c.get("untestable")),
         "peak_servers": servers.peak,
     }

@@ -42,8 +42,10 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class SearchState:
-    """Where the search stands after replaying the journal, with SHAs instead of positions."""
+class Standing:
+    """Where the search stands after replaying the journal, with SHAs instead of positions: the
+    one shape `status`, the progress lines, the journal's end entry and the report read
+    (``bisect_tool.designs.ledger.Ledger.standing``)."""
 
     state: str  # a ``bisect_tool.verdict.EndState`` value
     direction: str  # "regression" | "fix"
@@ -62,6 +64,44 @@ class SearchState:
     #: a tiered run (``[probe] narrow``): phase, the fast probe's flip and confidence, its runs,
     #: the confirm step's two candidates (positions), P(the fast probe is a valid stand-in)
     tiers: dict[str, Any] | None = None
+    candidates: int = 0  # how many the range holds
+    message: str = ""  # the end entry's message, once the search ended
+    level: str = "commit"  # "commit" or "release"
+    #: a flip off the main line (a release branch's bump or cherry-pick): where it lives and
+    #: the main commit it copies, by SHA
+    flip_provenance: dict[str, Any] = field(default_factory=dict)
+    #: what the checks of the model saw (``strategy.ends.checks_seen``, SHAs for positions)
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def flip_commit(self) -> str | None:
+        """The flip, where the block is one commit (untestable neighbours widen it)."""
+        return self.flip_block[0] if len(self.flip_block) == 1 else None
+
+    def status(self) -> dict[str, Any]:
+        """``status --json``'s names for this standing (and the end entry's ``summary``)."""
+        return {
+            "tiers": self.tiers,
+            "state": self.state,
+            "direction": self.direction,
+            "flip_commit": self.flip_commit,
+            "flip_block": list(self.flip_block),
+            "confidence": self.confidence,
+            "credible_set": list(self.credible_set),
+            "evaluations": self.evaluations,
+            "candidates_tested": self.candidates_tested,
+            "candidates": self.candidates,
+            "p_estimate": self.p_median,
+            "p_interval": list(self.p_interval),
+            "q_estimate": self.q_median,
+            "q_interval": list(self.q_interval),
+            "posterior": list(self.posterior),
+            "good_end_doubt": self.good_end_doubt,
+            "bad_end_doubt": self.bad_end_doubt,
+            "message": self.message,
+            "level": self.level,
+            "flip_provenance": dict(self.flip_provenance),
+        }
 
 
 _HEX_CHARS = frozenset("0123456789abcdef")

@@ -2,7 +2,7 @@
 for a candidate's lifetimes, and how a search ends.
 
 Pure: plain values in, plain values out (no git, HTTP, Docker or click). The loop
-(``bisect_tool.run.owner``), the journal replay (``bisect_tool.designs.session``), ``bisect probe
+(``bisect_tool.run.owner``), the journal replay (``bisect_tool.designs.ledger``), ``bisect probe
 --commit`` and
 the report all call these functions, so they cannot disagree about a candidate.
 """

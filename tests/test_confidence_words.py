@@ -13,7 +13,7 @@ from gitrepos import run_cli
 
 from bisect_tool import journal as journal_mod
 from bisect_tool.demo.summary import DemoOutcome, format_summary
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.report import render_report
 from bisect_tool.values import percent, rate_text
 
@@ -77,7 +77,7 @@ def test_replay_and_status_print_the_figure_the_report_prints(
     code, status, err = run_cli("status", "--state-dir", str(state))
     assert code == 0, err
     assert f" at {figure}\n" in status, (status, figure)
-    assert percent(session.replay(contents).summary()["confidence"]) == figure
+    assert percent(ledger.replay(contents).standing().status()["confidence"]) == figure
 
 
 def test_the_demo_summary_and_the_report_print_one_confidence_alike() -> None:
@@ -92,7 +92,7 @@ def test_the_demo_summary_and_the_report_print_one_confidence_alike() -> None:
 def test_q_median_below_a_hundredth_is_printed_as_it_is() -> None:
     journal = DOCS / "bench" / "gpu-2026-12-07-h100" / "journal-nonarrow.jsonl"
     contents = journal_mod.read(journal)
-    q = session.replay(contents).search_state().q_median
+    q = ledger.replay(contents).standing().q_median
     assert 0 < q < 0.01
     report = render_report(journal)
     row = next(line for line in report.splitlines() if line.startswith("| q: "))

@@ -15,7 +15,7 @@ import pytest
 from gitrepos import Repo, long_linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.errors import NoAnswer
 from bisect_tool.recipes.recipe import from_dict
 from bisect_tool.strategy.tiers import Tier
@@ -132,12 +132,12 @@ def test_the_recipe_key_makes_the_search_deterministic() -> None:
     assert recipe.probe.deterministic
     header = {"candidates": [{"sha": f"{i:040x}", "subject": ""} for i in range(9)],
               "direction": "regression", "mode": "recipe",
-              "recipe": session.header_recipe(recipe)}
+              "recipe": ledger.header_recipe(recipe)}
     from bisect_tool.journal import JournalContents
 
-    state = session.replay(JournalContents(header, ()))
+    state = ledger.replay(JournalContents(header, ()))
     assert state.strategy_for(Tier.FAITHFUL).summary().deterministic
-    plain = session.replay(JournalContents(header | {"recipe": session.header_recipe(
+    plain = ledger.replay(JournalContents(header | {"recipe": ledger.header_recipe(
         from_dict({"name": "t"}))}, ()))
     assert not plain.strategy.summary().deterministic
 

@@ -85,7 +85,7 @@ def test_simulated_good_end_bad_is_said_so_not_named() -> None:
 def _drive_scripted(good_end: list[bool], flip: int = 20, n: int = 40) -> tuple[object, object]:
     """The bisect design over ``n`` commits (a regression at ``flip``, p = 1 on the bad side)
     whose given good end answers ``good_end`` in turn (True: divergent), then clean."""
-    from bisect_tool.designs import Item, drive, session
+    from bisect_tool.designs import Item, drive, ledger
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.journal import JournalContents
     from bisect_tool.range import Candidate, CommitRange
@@ -94,7 +94,7 @@ def _drive_scripted(good_end: list[bool], flip: int = 20, n: int = 40) -> tuple[
     shas = [f"{i:040x}" for i in range(n)]
     rng = CommitRange("good", "bad", shas[0], shas[-1], Direction.REGRESSION,
                       tuple(Candidate(s, f"c{i}") for i, s in enumerate(shas)))
-    state = session.replay(JournalContents(dict(session.header_for(rng)), ()))
+    state = ledger.replay(JournalContents(dict(ledger.header_for(rng)), ()))
     answers = list(good_end)
 
     def evaluate(item: Item) -> Observation:
@@ -112,7 +112,7 @@ def test_a_good_end_that_fails_every_time_with_a_real_flip_inside_stops_saying_s
     finish, state = _drive_scripted([True] * 50)
     assert str(finish.state) == "ends_contradict", finish  # type: ignore[attr-defined]
     assert "the good end 000000000000 shows the bug" in finish.message  # type: ignore[attr-defined]
-    assert state.summary()["state"] == "ends_contradict"  # type: ignore[attr-defined]
+    assert state.standing().status()["state"] == "ends_contradict"  # type: ignore[attr-defined]
 
 
 def test_a_good_end_that_fails_half_the_time_stops_saying_so() -> None:
@@ -124,7 +124,7 @@ def test_one_false_alarm_at_the_good_end_is_tested_then_the_answer_stands() -> N
     # A single divergence, then clean: the good end is run again until a false alarm is the
     # better explanation; the flip is named, and the doubt it had is gone from the confidence.
     finish, state = _drive_scripted([True])
-    summary = state.summary()  # type: ignore[attr-defined]
+    summary = state.standing().status()  # type: ignore[attr-defined]
     assert str(finish.state) == "done", finish  # type: ignore[attr-defined]
     assert summary["flip_commit"] == f"{20:040x}"
     assert summary["confidence"] >= 0.99 and summary["good_end_doubt"] < 0.01
@@ -164,7 +164,7 @@ def test_a_good_end_failing_half_its_lifetimes_beside_an_always_failing_bad_side
     finish, state = _drive_scripted([c == "d" for c in "ddcccdcdcdcc"], flip=7, n=13)
     assert str(finish.state) == "ends_contradict", finish  # type: ignore[attr-defined]
     assert "the good end 000000000000 shows the bug" in finish.message  # type: ignore[attr-defined]
-    assert state.summary()["confidence"] < 0.5  # type: ignore[attr-defined]
+    assert state.standing().status()["confidence"] < 0.5  # type: ignore[attr-defined]
 
 
 # ---- issue 38: a rate that changes along the range ---------------------------------------------
@@ -285,7 +285,7 @@ def test_one_false_alarm_far_from_the_flip_is_not_a_rate_step() -> None:
 
 
 def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -> None:
-    from bisect_tool.designs import drive, session
+    from bisect_tool.designs import drive, ledger
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.designs.simulate import search_header
     from bisect_tool.journal import JournalContents
@@ -305,7 +305,7 @@ def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -
             super().apply(entry)  # type: ignore[arg-type]
 
     lifetimes = Lifetimes(history, np.random.default_rng(0))
-    state = session.replay(JournalContents(header, ()))
+    state = ledger.replay(JournalContents(header, ()))
 
     def evaluate(item: object) -> Observation:
         bug = lifetimes.run(item.key[0])  # type: ignore[attr-defined]
@@ -323,7 +323,7 @@ def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -
     checks = summary["checks"]  # type: ignore[index]
     assert [row[0] for row in checks["good_side_diverged"]][0] == shas[25]
     contents = JournalContents(header, tuple(kept))
-    md = render_markdown(build_report(contents, session.replay(contents).search_state()))
+    md = render_markdown(build_report(contents, ledger.replay(contents).standing()))
     assert "**The bug shows on the good side of the flip too**" in md
     assert f"{shas[25][:12]} in " in md
 
@@ -331,7 +331,7 @@ def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -
 def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
     """Option (c) of issue 38, stated: "were it buggy at rate r, n clean lifetimes would happen
     x % of the time", for the good end and for the commit next to the flip."""
-    from bisect_tool.designs import Item, drive, session
+    from bisect_tool.designs import Item, drive, ledger
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.designs.simulate import search_header
     from bisect_tool.journal import JournalContents
@@ -357,12 +357,12 @@ def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
         return Observation(item.commit, Verdict.DIVERGENT if bug else Verdict.CLEAN,
                            item.lifetime_id)
 
-    finish = drive(Kept(session.replay(JournalContents(header, ()))), evaluate)
+    finish = drive(Kept(ledger.replay(JournalContents(header, ()))), evaluate)
     assert str(finish.state) == "done"
     checks = kept[-1]["summary"]["checks"]  # type: ignore[index]
     assert checks["clean"] == [[shas[0], 8], [shas[11], 9]]
     contents = JournalContents(header, tuple(kept))
-    md = render_markdown(build_report(contents, session.replay(contents).search_state()))
+    md = render_markdown(build_report(contents, ledger.replay(contents).standing()))
     # the good end, the commit next to the flip (c11; c12 is named)
     for position, clean, chance in ((0, 8, "0.4%"), (11, 9, "0.2%")):
         row = f"| Were {shas[position][:7]} buggy at rate 50.0%: {clean} clean lifetimes |"

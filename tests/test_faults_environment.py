@@ -12,7 +12,7 @@ import pytest
 from gitrepos import Repo, linear, run_cli
 
 from bisect_tool import journal as journal_mod
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.errors import InfrastructureError, NoAnswer
 from bisect_tool.journal import Journal
 from bisect_tool.range import Candidate, CommitRange
@@ -167,8 +167,8 @@ def test_a_missing_server_module_stops_the_run_within_a_few_boots(tmp_path: Path
     with Journal(path) as journal:
         recipe = Recipe("t").to_dict()
         recipe["probe"]["controls"] = True
-        journal.append(session.header_for(rng, recipe=recipe, mode="recipe"))
-        state = session.replay(journal_mod.read(path))
+        journal.append(ledger.header_for(rng, recipe=recipe, mode="recipe"))
+        state = ledger.replay(journal_mod.read(path))
         with pytest.raises(InfrastructureError) as stopped:
             bisect_loop(journal, state, Evaluators(server, 1, controls), controls=True)
     assert MISSING in str(stopped.value) and "in a row failed the same way" in str(stopped.value)

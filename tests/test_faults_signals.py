@@ -207,7 +207,7 @@ def test_a_signal_during_the_controls_does_not_wait_for_them(
     controls are not journaled (a resumed run asks for them again)."""
     import threading
 
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
     from bisect_tool.errors import Interrupted
     from bisect_tool.range import Candidate, CommitRange
     from bisect_tool.recipes.recipe import Recipe
@@ -224,7 +224,7 @@ def test_a_signal_during_the_controls_does_not_wait_for_them(
     if tiered:
         recipe["probe"]["narrow"] = "op"
     path = tmp_path / "journal.jsonl"
-    journal_mod.create(path, session.header_for(rng, recipe=recipe, mode="recipe"))
+    journal_mod.create(path, ledger.header_for(rng, recipe=recipe, mode="recipe"))
     controls = _SlowControls()
     evaluators = Evaluators(_Quick(shas, 25), 1 if tiered else 2, controls,
                             narrow=_Quick(shas, 25) if tiered else None)
@@ -238,7 +238,7 @@ def test_a_signal_during_the_controls_does_not_wait_for_them(
     try:
         with pytest.raises((Interrupted, KeyboardInterrupt)), \
                 journal_mod.open_journal(path) as opened:
-            state = session.replay(opened.contents)
+            state = ledger.replay(opened.contents)
             bisect_loop(opened.journal, state, evaluators, controls=True)
         assert controls.started.is_set()
         assert not controls.ended, "the run waited for the controls to end"

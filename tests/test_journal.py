@@ -9,7 +9,7 @@ import pytest
 from gitrepos import Repo, linear, run_cli, write_probe
 
 from bisect_tool import journal as journal_mod
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.errors import CorruptJournal, StateError
 from bisect_tool.range import resolve_range
 
@@ -23,7 +23,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
 
 def _started(repo: Repo, state: Path, command: str) -> Path:
     """A journal holding only the header of a `--run` bisect of v0.1.0..v0.2.0."""
-    header = session.header_for(
+    header = ledger.header_for(
         resolve_range(repo.path, repo.main[0], "v0.2.0"), repo=repo.path, mode="run"
     )
     header["run_command"] = command
@@ -52,7 +52,7 @@ def test_append_read_roundtrip_and_repeated_lifetime_counted_once(tmp_path: Path
     assert contents.header["type"] == "header" and not contents.torn_tail
     assert len(contents.of_type("observation")) == 2
     assert len(contents.observations) == 1
-    state = session.replay(contents)
+    state = ledger.replay(contents)
     assert int(state.strategy.summary().total.sum()) == 1
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bisect_tool import journal as journal_mod
 from bisect_tool import report as report_mod
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.errors import StateError
 
 FIXTURE = HealthCheck.function_scoped_fixture
@@ -75,9 +75,9 @@ def _check(tmp: Path, data: bytes) -> None:
         assert "\n" not in str(exc) and str(exc)
         return
     # what the reader accepts, replay and the report can use
-    state = session.replay(contents)
-    state.summary()
-    report_mod.render_json(report_mod.build_report(contents, state.search_state()))
+    state = ledger.replay(contents)
+    state.standing().status()
+    report_mod.render_json(report_mod.build_report(contents, state.standing()))
 
 
 @pytest.mark.slow  # 300 examples, each a journal replayed and reported

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bisect_tool import journal as journal_mod
-from bisect_tool.designs import Finish, session
+from bisect_tool.designs import Finish, ledger
 from bisect_tool.designs.locate import LocateDesign
 from bisect_tool.range import Candidate
 from bisect_tool.report import build_report
@@ -62,8 +62,8 @@ def test_a_kept_journal_replays_to_the_answer_it_ended_with(path: Path) -> None:
         step = asked.next_step()
         assert isinstance(step, Finish) and str(step.state) == end["state"]
         return
-    state = session.replay(contents)
-    now = state.summary()
+    state = ledger.replay(contents)
+    now = state.standing().status()
     if end is None or "summary" not in end:
         assert now["state"] == "running"
         return
@@ -72,7 +72,7 @@ def test_a_kept_journal_replays_to_the_answer_it_ended_with(path: Path) -> None:
     assert now["flip_block"] == then["flip_block"]
     assert now["evaluations"] == then["evaluations"]
     assert now["direction"] == then.get("direction", contents.header["direction"])
-    assert build_report(contents, state.search_state())  # and its report still renders
+    assert build_report(contents, state.standing())  # and its report still renders
     recorded = path.with_suffix(".summary.json")
     if recorded.exists():
         printed = json.loads(recorded.read_text())

@@ -26,7 +26,7 @@ from bisect_tool.probes.compare import Sample, compare_repeats
 from bisect_tool.probes.controls import ControlsResult
 from bisect_tool.probes.server_verdict import decide
 from bisect_tool.report import (
-    SearchState,
+    Standing,
     build_report,
     render_json,
     render_markdown,
@@ -179,7 +179,7 @@ def posterior() -> tuple[float, ...]:
     return tuple(post)
 
 
-STATE = SearchState(
+STATE = Standing(
     state="done", direction="fix", flip_block=(sha(FLIP),), confidence=0.993,
     credible_set=(sha(FLIP),), p_median=0.55, p_interval=(0.31, 0.78), q_median=0.02,
     q_interval=(0.0, 0.09), evaluations=13, candidates_tested=6, posterior=posterior(),

@@ -20,7 +20,7 @@ from mdtables import rows
 from bisect_tool import journal as journal_mod
 from bisect_tool.report import CAP, build_report, render_markdown, render_report, text_plot
 from bisect_tool.report.confidence import chance_of_clean_run, how_sure
-from bisect_tool.values import SearchState
+from bisect_tool.values import Standing
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASES = ROOT / "docs" / "h200" / "releases" / "journal.jsonl"
@@ -113,7 +113,7 @@ def test_q_without_a_good_side_lifetime_is_said_to_be_its_prior() -> None:
     sure = how_sure(answer, tested, None, None, {"confidence": 0.99},
                     {"p_has_data": True, "q_has_data": False})
     assert not sure["q"]["measured"] and sure["chance_clean_if_buggy"] is None
-    state = SearchState("done", "fix", ("b",), 0.995, ("b",), 0.9, (0.5, 1.0), 0.01,
+    state = Standing("done", "fix", ("b",), 0.995, ("b",), 0.9, (0.5, 1.0), 0.01,
                         (0.0, 0.04), 3, 1, (0.0, 0.995))
     contents = journal_mod.JournalContents(
         {"candidates": [{"sha": "a", "tags": ["v1.0.0"]}, {"sha": "b", "tags": ["v1.1.0"]}],
@@ -329,9 +329,9 @@ def test_replay_prints_its_answer_and_the_report_command_on_lines_of_their_own()
 
 def test_the_plot_shows_the_op_check_and_names_the_candidates(tmp_path: Path) -> None:
     contents = journal_mod.read(RELEASES)
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
 
-    report = build_report(contents, session.replay(contents).search_state())
+    report = build_report(contents, ledger.replay(contents).standing())
     plot = text_plot(report)
     lines = plot.splitlines()
     assert lines[1].startswith("lifetimes |") and lines[2].startswith("op check  |")

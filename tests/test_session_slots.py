@@ -60,15 +60,15 @@ def _run_loop(path: Path, rng: CommitRange, probe: Evaluator, parallel: int,
               controls: ControlsFor | None = None, beside: bool = False) -> dict[str, Any]:
     """``bisect_loop`` over ``rng`` with ``parallel`` slots (and the controls, when given; on
     slots of their own with ``beside``)."""
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
     from bisect_tool.journal import Journal, read
     from bisect_tool.run.owner import Evaluators, bisect_loop
 
     recipe = {"probe": {"controls": True}} if controls is not None else None
     with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe=recipe,
+        journal.append(ledger.header_for(rng, recipe=recipe,
                                           mode="recipe" if recipe else "manual"))
-        state = session.replay(read(path))
+        state = ledger.replay(read(path))
         evaluators = (Evaluators(probe, parallel, controls, controls_beside=beside)
                       if controls is not None else Evaluators(probe, parallel))
         return bisect_loop(journal, state, evaluators, controls=controls is not None)
@@ -151,7 +151,7 @@ def test_when_the_gpus_hold_fewer_lifetimes_the_loop_starts_fewer(tmp_path: Path
     another from then on, rather than one that would wait for the GPU, or crowd it again."""
     import threading
 
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
     from bisect_tool.journal import Journal, read
     from bisect_tool.run.owner import Evaluators, bisect_loop
     from bisect_tool.values import Observation, Verdict
@@ -177,8 +177,8 @@ def test_when_the_gpus_hold_fewer_lifetimes_the_loop_starts_fewer(tmp_path: Path
 
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
-        journal.append(session.header_for(rng))
-        state = session.replay(read(path))
+        journal.append(ledger.header_for(rng))
+        state = ledger.replay(read(path))
         summary = bisect_loop(journal, state, Evaluators(
             BacksOff(), 3, capacity=lambda: capacity[0]))
     assert summary["state"] == "done" and summary["flip_commit"] == shas[17]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.journal import Journal, read
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipes.recipe import Recipe, SearchSettings
@@ -43,7 +43,7 @@ def tier_header(rng: CommitRange, narrow: str = "op", **search: Any) -> dict[str
     recipe = Recipe("t").to_dict()
     recipe["probe"]["narrow"] = narrow
     recipe["search"].update(search)
-    return session.header_for(rng, recipe=recipe, mode="recipe")
+    return ledger.header_for(rng, recipe=recipe, mode="recipe")
 
 
 class Scripted:
@@ -87,7 +87,7 @@ def run_tiers(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any,
         else:
             evaluators = Evaluators(faithful, parallel, narrow=narrow)
         journal.append(header)
-        state = session.replay(read(path))
+        state = ledger.replay(read(path))
         summary = bisect_loop(journal, state, evaluators, controls=controls is not None)
     return summary, path
 
@@ -109,7 +109,7 @@ def test_narrow_then_confirm_names_the_flip_with_lifetimes_only_beside_it(tmp_pa
     phases = contents.of_type("phase")
     assert [p["phase"] for p in phases] == ["confirm"]
     assert (phases[0]["bad_side"], phases[0]["good_side"]) == (flip - 1, flip)
-    state = session.replay(contents)
+    state = ledger.replay(contents)
     assert state.phase is Phase.CONFIRM
     assert state.stand_in_probability() is not None and state.stand_in_probability() > 0.95
     # the narrow runs are journaled with their own lifetime ids
@@ -133,7 +133,7 @@ def test_a_fast_probe_that_flips_elsewhere_falls_back_and_still_finds_the_flip(
     # nothing observed was dropped: every narrow run is still in the journal and the replay
     narrow_runs = [o for o in contents.observations if o.get("tier") == "narrow"]
     assert len(narrow_runs) == len(narrow.calls)
-    assert session.replay(contents).runs[Tier.NARROW] == len(narrow.calls)
+    assert ledger.replay(contents).runs[Tier.NARROW] == len(narrow.calls)
 
 
 class QuietBadEnd(Scripted):
@@ -202,7 +202,7 @@ def test_resume_in_the_confirm_step_carries_on_where_it_stopped(tmp_path: Path) 
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
         journal.append(tier_header(rng))
-        state = session.replay(read(path))
+        state = ledger.replay(read(path))
 
         class Crash(Exception):
             pass
@@ -215,7 +215,7 @@ def test_resume_in_the_confirm_step_carries_on_where_it_stopped(tmp_path: Path) 
         faithful.evaluate = crash_after_two  # type: ignore[method-assign]
         with pytest.raises(Crash):
             bisect_loop(journal, state, Evaluators(faithful, narrow=narrow))
-    resumed = session.replay(read(path))
+    resumed = ledger.replay(read(path))
     assert resumed.phase is Phase.CONFIRM and resumed.runs[Tier.FAITHFUL] == 2
     faithful2 = Scripted(shas, 30, 0.5, seed=2)
     with Journal(path) as journal:
@@ -231,14 +231,14 @@ def test_the_run_prices_candidates_and_lifetimes_by_what_it_measured(tmp_path: P
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
         journal.append(tier_header(rng, cost_new_candidate=10.0, cost_lifetime=1.0))
-        state = session.replay(read(path))
+        state = ledger.replay(read(path))
         assert state.measured_costs(Tier.FAITHFUL).new_candidate == 10.0  # the recipe's guess
         for n, (sha, total, artifact) in enumerate(
             [(shas[0], 64.0, 4.0), (shas[0], 61.0, 0.0), (shas[-1], 70.0, 8.0)]
         ):
             obs = Observation(sha, Verdict.CLEAN, f"l{n}", {"timing": {"artifacts_s": artifact}},
                               "", total)
-            state.apply(journal.append(session.observation_entry(obs, shas.index(sha))))
+            state.apply(journal.append(ledger.observation_entry(obs, shas.index(sha))))
     costs = state.measured_costs(Tier.FAITHFUL)
     assert costs.lifetime == pytest.approx((60 + 61 + 62) / 3)
     assert costs.new_candidate == pytest.approx((4 + 8) / 2)  # first fetch of each candidate
@@ -331,12 +331,12 @@ def test_one_server_that_dies_before_health_is_retried_not_a_verdict() -> None:
     """A boot failure may be the machine's (two servers profiling one GPU); the candidate is
     untestable only after a second one in a row."""
     rng = make_range(10)
-    state = session.replay(read_header(rng))
+    state = ledger.replay(read_header(rng))
     sha = rng.candidates[5].sha
 
     def boot_failed(n: int) -> dict[str, Any]:
         obs = Observation(sha, Verdict.UNTESTABLE, f"b{n}", {"stage": "boot"}, "died")
-        return session.observation_entry(obs, 5)
+        return ledger.observation_entry(obs, 5)
 
     state.apply(boot_failed(0))
     assert 5 not in state.strategy.summary().untestable
@@ -394,7 +394,7 @@ def test_a_bracketed_flip_short_of_the_threshold_runs_a_neighbour_not_the_lifeti
     but the model's false-alarm rate leaves ~1e-3 on the flip lying further back, short of
     0.9995. A deterministic probe may not rerun the bracket, so the next run is the nearest
     candidate not yet run, not a fall-back to lifetimes over the whole range."""
-    narrow = session.narrow_strategy(32, Direction.FIX, SearchSettings(confidence=0.999))
+    narrow = ledger.narrow_strategy(32, Direction.FIX, SearchSettings(confidence=0.999))
     for position, divergent in [(31, False), (0, True), (11, True), (18, False), (25, False),
                                 (12, False), (13, False), (14, False), (16, False)]:
         narrow.record(position, divergent)

@@ -12,7 +12,7 @@ from typing import Any
 
 from test_tiers import Scripted, make_range, run_tiers, tier_header
 
-from bisect_tool.designs import Finish, Record, session
+from bisect_tool.designs import Finish, Record, ledger
 from bisect_tool.journal import Journal, read
 from bisect_tool.range import CommitRange
 from bisect_tool.recipes.recipe import Recipe
@@ -83,7 +83,7 @@ def test_ends_the_wrong_way_round_stop_before_the_controls_boot(tmp_path: Path) 
     path = tmp_path / "journal.jsonl"
     with Journal(path) as journal:
         journal.append(tier_header(rng))
-        state = session.replay(read(path))
+        state = ledger.replay(read(path))
         summary = bisect_loop(journal, state, Evaluators(
             Scripted(shas, 0, 1.0), 1, _Controls(None, ran), narrow=narrow), controls=True)
     assert summary["state"] == "ends_contradict"
@@ -131,7 +131,7 @@ def test_the_controls_are_journaled_as_they_end_beside_a_running_lifetime(
     assert seen_while_running and all(seen_while_running), seen_while_running
 
 
-def _confirming(n: int, flip: int, faithful: Sequence[tuple[int, bool]]) -> session.State:
+def _confirming(n: int, flip: int, faithful: Sequence[tuple[int, bool]]) -> ledger.Ledger:
     """A tiered run's state in its confirm step: the op check ran every candidate (the bug
     below ``flip``), the sides are ``flip - 1`` and ``flip``, then ``faithful`` lifetimes
     (position, divergent) came back."""
@@ -149,7 +149,7 @@ def _confirming(n: int, flip: int, faithful: Sequence[tuple[int, bool]]) -> sess
     entries.append({"type": "phase", "phase": "confirm", "message": "",
                     "bad_side": flip - 1, "good_side": flip})
     entries += [seen(pos, f"lifetime-{k}", d) for k, (pos, d) in enumerate(faithful)]
-    return session.replay(JournalContents(tier_header(rng), tuple(entries)))
+    return ledger.replay(JournalContents(tier_header(rng), tuple(entries)))
 
 
 def test_the_confirm_step_starts_what_the_answer_is_expected_to_need_on_both_sides() -> None:
@@ -160,7 +160,7 @@ def test_the_confirm_step_starts_what_the_answer_is_expected_to_need_on_both_sid
     eight."""
     from bisect_tool.designs.bisect import BisectDesign
 
-    def started(state: session.State) -> dict[int, int]:
+    def started(state: ledger.Ledger) -> dict[int, int]:
         step = BisectDesign(state, slots=8).next_step()
         assert not isinstance(step, (Finish, Record)), step
         counts: dict[int, int] = {}
@@ -247,8 +247,8 @@ def _release_run(tmp_path: Path, rng: CommitRange, narrow: Any, faithful: Any, p
     recipe["probe"]["narrow"] = "op" if narrow is not None else ""
     recipe["probe"]["controls"] = True
     with Journal(path) as journal:
-        journal.append(session.header_for(rng, recipe=recipe, mode="recipe", level="release"))
-        state = session.replay(read(path))
+        journal.append(ledger.header_for(rng, recipe=recipe, mode="recipe", level="release"))
+        state = ledger.replay(read(path))
         evaluators = Evaluators(faithful, parallel, controls, narrow=narrow,
                                 controls_beside=True)
         summary = bisect_loop(journal, state, evaluators, controls=True, observer=observe)

@@ -12,7 +12,7 @@ import gitrepos
 import pytest
 
 from bisect_tool import journal as journal_mod
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipes import recipe as recipe_mod
 from bisect_tool.report import build_report
@@ -55,11 +55,11 @@ def _journal(tmp_path: Path, lifetimes: Sequence[Verdict]) -> Path:
         candidates=tuple(Candidate(sha, f"c{i}") for i, sha in enumerate(shas)), paths=(),
     )
     path = tmp_path / "journal.jsonl"
-    journal_mod.create(path, session.header_for(rng))
+    journal_mod.create(path, ledger.header_for(rng))
     with journal_mod.Journal(path) as journal:
         for n, verdict in enumerate(lifetimes):
             obs = Observation(shas[1], verdict, f"lt-{n}", {}, str(verdict))
-            journal.append(session.observation_entry(obs, 1))
+            journal.append(ledger.observation_entry(obs, 1))
     return path
 
 
@@ -86,10 +86,10 @@ def test_search_probe_and_report_agree(
     # the search: the journal replayed
     path = _journal(tmp_path, lifetimes)
     contents = journal_mod.read(path)
-    state = session.replay(contents)
+    state = ledger.replay(contents)
     assert state.candidate_verdict(1) is expected
     # the report
-    built = build_report(contents, state.search_state())
+    built = build_report(contents, state.standing())
     row = next(r for r in built["tested"] if r["index"] == 1)
     assert row["verdict"] == expected.value.upper()
     # `bisect probe --commit`: the run owner over the same lifetimes

@@ -22,13 +22,13 @@ from bisect_tool.verdict import EndState
 
 
 def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | None) -> None:
-    from bisect_tool.designs import manual, session
+    from bisect_tool.designs import ledger, manual
     from bisect_tool.designs.bisect import end_entry
     from bisect_tool.designs.phases import stop_reason
     from bisect_tool.range import open_repo, resolve_ref
 
     path = journal_path(repo, state_dir)
-    state = session.replay(journal_mod.read(path))
+    state = ledger.replay(journal_mod.read(path))
     if ref is None:
         nxt = manual.next_manual_candidate(state)
         if nxt is None:
@@ -47,7 +47,7 @@ def _manual(verdict: Verdict, ref: str | None, repo: Path, state_dir: Path | Non
                 "every candidate that could tell the flip apart is untestable",
             )
             state.apply(journal.append(end_entry(state, state_name, message)))
-            print_outcome(Outcome(state_name, message, state.summary()))
+            print_outcome(Outcome(state_name, message, state.standing().status()))
             return
     click.echo(f"next: {nxt.sha} {nxt.subject}")
     why = manual.why_again(state, nxt)

@@ -30,10 +30,10 @@ from bisect_tool.verdict import end_state
 @state_option
 def status(as_json: bool, repo: Path, state_dir: Path | None) -> None:
     """Where the search stands."""
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
 
-    state = session.replay(journal_mod.read(journal_path(repo, state_dir)))
-    summary = state.summary()
+    state = ledger.replay(journal_mod.read(journal_path(repo, state_dir)))
+    summary = state.standing().status()
     summary.pop("posterior")
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -111,14 +111,14 @@ def log(repo: Path, state_dir: Path | None) -> None:
 def replay_cmd(file: Path, as_json: bool) -> None:
     """Rebuild the search from a journal FILE and print where it stands (no repository needed).
     A locate's journal is read as a locate: the explanation its report names."""
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
 
     contents = journal_mod.read(file)
     if contents.header.get("mode") == "locate":
         _replay_locate(contents, file, as_json)
         return
-    state = session.replay(contents)
-    summary = state.summary()
+    state = ledger.replay(contents)
+    summary = state.standing().status()
     summary.pop("posterior")
     if as_json:
         click.echo(json.dumps(summary, indent=2))

@@ -1,6 +1,6 @@
 """The bisect design: the search over a range, as the journal has it so far. Pure.
 
-``BisectDesign`` wraps the search state rebuilt from the journal (``session.State``) and
+``BisectDesign`` wraps the search state rebuilt from the journal (``ledger.Ledger``) and
 decides, from it alone, what the run does next: a tier's lifetimes (the fast probe's runs while
 it narrows, lifetimes on the two sides of its flip while they confirm it, lifetimes over the
 whole range otherwise), a phase entry when the tiered search moves on, the controls before any
@@ -27,6 +27,7 @@ from bisect_tool.designs import (
     fill,
     gate_item,
 )
+from bisect_tool.designs.ledger import Ledger, observation_entry
 from bisect_tool.designs.phases import (
     Lifetimes,
     decide,
@@ -34,12 +35,11 @@ from bisect_tool.designs.phases import (
     suspect,
     switch,
 )
-from bisect_tool.designs.session import State, observation_entry
 from bisect_tool.events import CandidateChosen, Event, Note, PosteriorMoved
 from bisect_tool.journal import entries
 from bisect_tool.range import Candidate
 from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft, Summary, lookahead
-from bisect_tool.strategy.ends import checks_seen, good_end_not_good
+from bisect_tool.strategy.ends import good_end_not_good
 from bisect_tool.strategy.tiers import Phase, Sides, Tier, disagreement
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState, controls_problem
@@ -60,7 +60,7 @@ class BisectDesign:
     gate alone (``interfaces.Gates``), and a release-level run then gates every release at
     once, in the background, before any server boots (``_sweep``)."""
 
-    def __init__(self, state: State, *, slots: int | Callable[[], int] = 1,
+    def __init__(self, state: Ledger, *, slots: int | Callable[[], int] = 1,
                  controls: bool = False, controls_beside: bool = False,
                  gate_sweep: bool = False) -> None:
         self.state = state
@@ -205,16 +205,14 @@ class BisectDesign:
         confirm = decision.within is not None and decision.at is None
         if not confirm and _could_end(strategy, lifetimes):
             return None
-        out = {item.lifetime_id for item in lifetimes} - state.seen_lifetimes
-        state.seen_lifetimes.update(out)  # their ids are taken: the new ones come after
-        try:
-            if confirm:
-                # the confirm step: the plan's next lifetimes beside those under way
-                step = self._lifetimes(decision, free, [item.key[0] for item in lifetimes])
-                return step if isinstance(step, Work) and step.items else None
-            step = self._lifetimes(decision, free + len(lifetimes))
-        finally:
-            state.seen_lifetimes.difference_update(out)
+        # the ids of those under way are taken: the new ones come after
+        under_way_ids = frozenset(item.lifetime_id for item in lifetimes)
+        if confirm:
+            # the confirm step: the plan's next lifetimes beside those under way
+            step = self._lifetimes(
+                decision, free, [item.key[0] for item in lifetimes], under_way_ids)
+            return step if isinstance(step, Work) and step.items else None
+        step = self._lifetimes(decision, free + len(lifetimes), taken=under_way_ids)
         if not isinstance(step, Work):
             return None
         under_way = Counter(item.key for item in lifetimes)
@@ -264,16 +262,16 @@ class BisectDesign:
     # -- lifetimes --------------------------------------------------------------------------
 
     def _lifetimes(
-        self, decision: Lifetimes, slots: int | None = None, running: Sequence[int] = ()
+        self, decision: Lifetimes, slots: int | None = None, running: Sequence[int] = (),
+        taken: frozenset[str] = frozenset(),
     ) -> Step:
         """``slots`` lifetimes (all of them by default) for ``decision``; in the confirm step,
         beside the lifetimes ``running`` (their positions), those the answer is expected to
-        need (``designs.fill``), and none when those running are expected to end it."""
+        need (``designs.fill``), and none when those running are expected to end it.
+        ``taken``: lifetime ids already handed out (those under way)."""
         state, tier = self.state, decision.tier
         slots = self.slots if slots is None else slots
         strategy = state.strategy_for(tier)
-        # the run's own costs, as measured so far (the recipe's until then)
-        strategy.set_costs(state.measured_costs(tier))
         suspect = self._suspect(decision)
         try:
             if decision.at is not None:
@@ -303,17 +301,15 @@ class BisectDesign:
             return Finish(EndState.NO_CANDIDATE, str(exc))
         items: list[Item] = []
         events: list[Event] = []
-        reserved: list[str] = []
+        handed_out = set(taken)
         for choice in batch:
             candidate = state.candidates[choice.position]
             count = choice.lifetimes if slots > 1 else 1
-            ids = state.next_lifetime_ids(candidate.sha, count, tier)
-            state.seen_lifetimes.update(ids)  # reserved while the batch is made
-            reserved += ids
+            ids = state.next_lifetime_ids(candidate.sha, count, tier, handed_out)
+            handed_out.update(ids)
             items += [Item(str(tier), candidate.sha, lid, candidate.tags, (choice.position, tier))
                       for lid in ids]
             events.append(self._chosen(tier, candidate, choice.reason, len(ids)))
-        state.seen_lifetimes.difference_update(reserved)
         # at most K candidates fetched while this batch runs (bisect_tool.strategy.lookahead)
         ahead = lookahead.lookahead(
             state.header.get("recipe") or {}, tier, strategy,
@@ -402,21 +398,15 @@ def _could_end(strategy: BayesianStrategy, running: Sequence[Item]) -> bool:
 
 
 def end_entry(
-    state: State, state_name: EndState, message: str, facts: Mapping[str, Any] | None = None
+    state: Ledger, state_name: EndState, message: str, facts: Mapping[str, Any] | None = None
 ) -> entries.EndEntry:
     """The ``end`` entry (so `status` reports the outcome and a new `start` is allowed), with
     the summary at that point, what the checks of the model saw (``checks``: the chance that
     the good end shows the bug after all, and that the good side of the flip shows it at a
     rate of its own, with the good-side candidates that showed it) and what the stop rule saw
     (``facts``), as plain values."""
-    summary = state.summary()
-    sha = {i: c.sha for i, c in enumerate(state.candidates)}
-    seen = checks_seen(state.strategy.summary())
-    summary["checks"] = {
-        **{k: v for k, v in seen.items() if k not in ("good_side_diverged", "clean")},
-        "good_side_diverged": [[sha[i], d, t] for i, d, t in seen["good_side_diverged"]],
-        "clean": [[sha[i], n] for i, n in seen["clean"]],
-    }
+    standing = state.standing()
+    summary = {**standing.status(), "checks": standing.checks}
     summary.update(facts or {})
     summary["state"] = str(state_name)
     summary["message"] = message

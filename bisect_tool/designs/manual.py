@@ -3,8 +3,8 @@ judge, decided by the same rules as an unattended run (``bisect_tool.designs.pha
 
 from __future__ import annotations
 
+from bisect_tool.designs.ledger import Ledger, observation_entry
 from bisect_tool.designs.phases import stop_reason, suspect
-from bisect_tool.designs.session import State, observation_entry
 from bisect_tool.journal import entries
 from bisect_tool.range import Candidate
 from bisect_tool.strategy import NoCandidateLeft
@@ -13,7 +13,7 @@ from bisect_tool.verdict import EndState
 
 
 def manual_entry(
-    state: State, commit: str, verdict: Verdict, message: str = "manual"
+    state: Ledger, commit: str, verdict: Verdict, message: str = "manual"
 ) -> entries.ObservationEntry:
     """The observation entry of one verdict given by hand."""
     position = next((i for i, c in enumerate(state.candidates) if c.sha == commit), None)
@@ -27,7 +27,7 @@ def manual_entry(
     return observation_entry(obs, position)
 
 
-def next_manual_candidate(state: State) -> Candidate | None:
+def next_manual_candidate(state: Ledger) -> Candidate | None:
     reason = stop_reason(state)
     # a quiet bad end is asked again (a bug that shows only sometimes), unless the probe is
     # deterministic: then its one clean answer ends the run
@@ -44,7 +44,7 @@ def next_manual_candidate(state: State) -> Candidate | None:
         return None
 
 
-def why_again(state: State, candidate: Candidate) -> str | None:
+def why_again(state: Ledger, candidate: Candidate) -> str | None:
     """Why a commit already judged is asked again, where a check of the model asks it (issue
     38: the good end and the commit next to the flip must keep running clean before a commit
     is named): a user judging by hand sees the reason, and the way out when a verdict by hand

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bisect_tool.designs import Finish, Record
+from bisect_tool.designs.ledger import Ledger, narrow_kind
 from bisect_tool.designs.mergebase import merge_base_message
-from bisect_tool.designs.session import State, narrow_kind
 from bisect_tool.journal import entries
 from bisect_tool.recipes.recipe import SearchSettings
 from bisect_tool.strategy import Summary
@@ -27,8 +27,8 @@ from bisect_tool.strategy.ends import (
     SUSPECT_LIFETIMES_FACTOR,
     GoodSideCheck,
     clean_not_earned,
+    doubts,
     good_end_not_good,
-    good_side_check,
 )
 from bisect_tool.strategy.tiers import NARROW_END_RUNS, Phase, Tier, confirm_sides, disagreement
 from bisect_tool.values import Direction, percent
@@ -56,7 +56,7 @@ def switch(to: Phase, message: str, **sides: Any) -> Record:
 # -- what comes next, by phase ------------------------------------------------------------------
 
 
-def decide(state: State) -> Decision:
+def decide(state: Ledger) -> Decision:
     """What the run does next: the one place that decides between the tiers' phases."""
     if state.phase is Phase.NARROW:
         return _narrow_step(state)
@@ -66,7 +66,7 @@ def decide(state: State) -> Decision:
     return Lifetimes(Tier.FAITHFUL) if finish is None else finish
 
 
-def _narrow_step(state: State) -> Decision:
+def _narrow_step(state: Ledger) -> Decision:
     narrow = state.strategy_for(Tier.NARROW).summary()
     settings = dataclasses.replace(
         state.settings, max_end_lifetimes=min(state.settings.max_end_lifetimes, NARROW_END_RUNS)
@@ -126,7 +126,7 @@ def _narrow_step(state: State) -> Decision:
                                    "going on with lifetimes over the whole range")
 
 
-def _fast_probe_good_end(state: State, narrow: Summary, kind: str) -> Finish | None:
+def _fast_probe_good_end(state: Ledger, narrow: Summary, kind: str) -> Finish | None:
     """The fast probe checks both ends first: a good end it shows the bug at cannot be the good
     end, and the run stops in seconds, before any lifetime boots, saying what each end showed
     (given the wrong way round, 0.22.0 as good and 0.28.0 as bad, the controls once booted
@@ -157,7 +157,7 @@ def _fast_probe_good_end(state: State, narrow: Summary, kind: str) -> Finish | N
         "alone (--no-narrow)"), {"contradicted": "good"})
 
 
-def _confirm_step(state: State) -> Decision:
+def _confirm_step(state: Ledger) -> Decision:
     s, sides = state.strategy.summary(), state.sides
     assert sides is not None
     budget = state.settings.max_evaluations
@@ -198,7 +198,7 @@ def _confirm_step(state: State) -> Decision:
     return Lifetimes(Tier.FAITHFUL, sides.as_tuple())
 
 
-def stop(state: State) -> Finish | None:
+def stop(state: Ledger) -> Finish | None:
     """Why the (faithful) search should stop now, if it should: the end state, its message,
     and what the rule saw (``Finish.extra``, kept in the journal's end entry)."""
     return _stop(
@@ -207,14 +207,14 @@ def stop(state: State) -> Finish | None:
     )
 
 
-def stop_reason(state: State) -> tuple[EndState, str] | None:
+def stop_reason(state: Ledger) -> tuple[EndState, str] | None:
     """``stop`` as (end state, message), for manual mode's callers."""
     finish = stop(state)
     return None if finish is None else (finish.state, finish.message)
 
 
 def _stop(
-    state: State,
+    state: Ledger,
     s: Summary,
     settings: SearchSettings,
     spent: int,
@@ -252,22 +252,22 @@ def _stop(
         return ends_contradict(state, contradicted, s)
     if not faithful:
         return _answer_or_budget(s, 0.0, settings, spent, unit)
-    not_good = good_end_not_good(s)
+    seen = doubts(s)
+    not_good = seen.not_good
     limit = suspect_lifetimes(settings)
     if not_good >= s.threshold or (s.total[good] >= limit and not_good > 1 - s.threshold):
         # it is not a good end, or after all the lifetimes it gets it cannot be told from one
         # at the asked confidence: either way no flip can be named
         return ends_contradict(state, "good", s, not_good)
-    check = good_side_check(s)
+    check = seen.good_side
     told = s.total[check.nearest] >= limit
     if s.done and (check.doubt >= s.threshold or (told and check.doubt > 1 - s.threshold)):
         # the flip holds under the model, but the commits before it show the bug more than
         # false alarms explain, or after all the lifetimes they get cannot be told from ones
         # that do: the bug may start earlier, at a lower rate (issue 38)
         return good_side_shows_bug(state, s, check)
-    doubt = 1 - (1 - not_good) * (1 - check.doubt)
     earned = not clean_not_earned(s)
-    return _answer_or_budget(s, doubt, settings, spent, unit, earned)
+    return _answer_or_budget(s, seen.total, settings, spent, unit, earned)
 
 
 def _answer_or_budget(
@@ -303,7 +303,7 @@ DROP_DETERMINISTIC = ("; if the probe shows the bug only in some runs, drop --de
                       "holds its confidence")
 
 
-def _deterministic_stop(state: State, s: Summary) -> Finish | None:
+def _deterministic_stop(state: Ledger, s: Summary) -> Finish | None:
     """git bisect's contract (``--deterministic``): a candidate's one run is its answer. The
     run stops at once when the runs contradict themselves (an end that answers as the other
     one, a candidate both ways, a clean run nearer the bad end than a divergent one), and with
@@ -350,7 +350,7 @@ def _deterministic_stop(state: State, s: Summary) -> Finish | None:
     return None
 
 
-def suspect(state: State) -> tuple[int, str] | None:
+def suspect(state: Ledger) -> tuple[int, str] | None:
     """The candidate whose own lifetimes must clear what the model does not weigh
     (``bisect_tool.strategy.ends``), and why, for the plain search and manual mode alike: the good
     end
@@ -373,8 +373,9 @@ def suspect(state: State) -> tuple[int, str] | None:
         which = "the good end" if position == good else "the commit next to the flip"
         return position, (f"{which} must keep running clean: a bug there at half the lifetimes "
                           "would have shown")
-    check = good_side_check(s)
-    if s.confidence * (1 - not_good) * (1 - check.doubt) >= s.threshold:
+    seen = doubts(s)
+    check = seen.good_side
+    if seen.held(s.confidence) >= s.threshold:
         return None
     if not_good >= check.doubt and s.total[good] < limit:
         return good, f"P = {not_good:.4f} that the good end shows the bug: more of its lifetimes"
@@ -389,7 +390,7 @@ def suspect_lifetimes(settings: SearchSettings) -> int:
     return SUSPECT_LIFETIMES_FACTOR * settings.max_end_lifetimes
 
 
-def good_side_shows_bug(state: State, s: Summary, check: GoodSideCheck) -> Finish:
+def good_side_shows_bug(state: Ledger, s: Summary, check: GoodSideCheck) -> Finish:
     """The stop that says the bug shows before the named flip too (issue 38: 15 % of lifetimes
     from c17, every one from c26, and c26 named at 99.5 %): which commits showed it, and the
     next command, a bisect of the older part. Where the stretch reaches the good end, it is
@@ -427,7 +428,7 @@ def good_side_shows_bug(state: State, s: Summary, check: GoodSideCheck) -> Finis
 
 
 def ends_contradict(
-    state: State, end: str, summary: Summary | None = None, not_good: float = 0.0
+    state: Ledger, end: str, summary: Summary | None = None, not_good: float = 0.0
 ) -> Finish:
     """The stop that says ``end`` ("good" or "bad") is not what it was said to be."""
     return Finish(EndState.ENDS_CONTRADICT,
@@ -435,7 +436,7 @@ def ends_contradict(
 
 
 def ends_contradict_message(
-    state: State, end: str, summary: Summary | None = None, not_good: float = 0.0
+    state: Ledger, end: str, summary: Summary | None = None, not_good: float = 0.0
 ) -> str:
     """One line: which end, what it saw, what to do. ``not_good``: P(the good end shows the bug
     though the flip lies inside the range), when that is why (``bisect_tool.strategy.ends``)."""

@@ -52,12 +52,12 @@ from typing import Any
 
 import numpy as np
 
-from bisect_tool.designs import Item, drive, session
+from bisect_tool.designs import Item, drive, ledger
 from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JournalContents
 from bisect_tool.kinds import narrowing
-from bisect_tool.strategy import BayesianStrategy, Costs, Priors
+from bisect_tool.strategy import Costs, Priors
 from bisect_tool.strategy.simhistories import (
     History,
     Lifetimes,
@@ -168,12 +168,7 @@ def run_design(
     gate refuses (the fast probe runs there, the faithful one cannot). ``cap``: stop after this
     many runs of either probe (a budget stop). ``priors``: a bench's what-if only (the search
     told p and q, bench/cost_bounds.py); a run always starts from the recipe's."""
-    state = session.replay(JournalContents(dict(header), ()))
-    if priors is not None:
-        settings = state.settings
-        state.strategy = BayesianStrategy(
-            len(state.candidates), state.direction, priors=priors, confidence=settings.confidence,
-            costs=Costs(settings.cost_new_candidate, settings.cost_lifetime))
+    state = ledger.replay(JournalContents(dict(header), ()), priors)
     history = lifetimes.history
     runs = {Tier.NARROW: 0, Tier.FAITHFUL: 0}
 
@@ -204,7 +199,7 @@ def run_design(
         end, message = finish.state, finish.message
         contradicted = str(finish.extra.get("contradicted", ""))
     block = state.strategy.summary().block
-    answer = state.search_state()
+    answer = state.standing()
     if end is EndState.DONE:
         right = history.flip is not None and history.flip in block
         outcome = Outcome.RIGHT if right else Outcome.WRONG

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from bisect_tool.strategy.tiers import Phase, Tier
@@ -293,6 +294,131 @@ def carried_observation(entry: Mapping[str, Any], commit: str, position: int) ->
     the release's tag names, at its position there, saying which release it came from."""
     return {**carried(entry), "commit": commit, "position": position,
             "carried_from": str(entry["commit"])}
+
+
+# -- reading them back: one frozen value per kind ---------------------------------------------
+#
+# Replay reads entries through these, never by key: ``parse`` gives each kind's fields their
+# types and defaults (an older journal's missing ``tier`` is the faithful tier) in one place.
+# ``check_entry`` has already refused a line whose fields have the wrong type.
+
+
+@dataclass(frozen=True)
+class Observed:
+    """An ``observation`` entry: one lifetime."""
+
+    lifetime_id: str
+    commit: str
+    position: int
+    verdict: Verdict
+    tier: Tier = Tier.FAITHFUL
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    message: str = ""
+    duration_s: float = 0.0
+    cell: str = ""
+    carried_from: str = ""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An ``untestable`` entry: a whole candidate the faithful tier cannot run."""
+
+    commit: str
+    position: int
+    message: str = ""
+    stage: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class GateLetThrough:
+    """A ``gate`` entry: the gate's sweep let a candidate through."""
+
+    commit: str
+    position: int
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ControlsRan:
+    """A ``controls`` entry; ``entry``: the entry itself, which the report and the controls'
+    checks read whole."""
+
+    commit: str
+    ok: bool
+    problem: str
+    untestable: bool
+    entry: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PhaseChanged:
+    """A ``phase`` entry: the tiered search moves on; a confirm step names its two sides."""
+
+    phase: Phase
+    message: str = ""
+    bad_side: int | None = None
+    good_side: int | None = None
+    entry: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An ``end`` entry."""
+
+    state: str
+    message: str
+    entry: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Other:
+    """An entry replay does not count (``environment``, a newer tool's kind)."""
+
+    kind: str
+    entry: Mapping[str, Any]
+
+
+Entry = Observed | Refused | GateLetThrough | ControlsRan | PhaseChanged | Ended | Other
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0  # a duration a user edited into text: no timing, not an error
+
+
+def parse(entry: Mapping[str, Any]) -> Entry:
+    """One entry after the header, as its kind's value."""
+    kind = str(entry.get("type") or "")
+    if kind == "observation":
+        detail = entry.get("detail")
+        return Observed(
+            lifetime_id=str(entry.get("lifetime_id") or ""), commit=str(entry["commit"]),
+            position=int(entry["position"]), verdict=Verdict(entry["verdict"]),
+            tier=Tier(entry.get("tier") or Tier.FAITHFUL),
+            detail=detail if isinstance(detail, dict) else {},
+            message=str(entry.get("message") or ""), duration_s=_float(entry.get("duration_s")),
+            cell=str(entry.get("cell") or ""), carried_from=str(entry.get("carried_from") or ""))
+    if kind == "untestable":
+        return Refused(str(entry["commit"]), int(entry["position"]),
+                       str(entry.get("message") or ""), str(entry.get("stage") or ""),
+                       _float(entry.get("duration_s")))
+    if kind == "gate":
+        return GateLetThrough(str(entry["commit"]), int(entry["position"]),
+                              _float(entry.get("duration_s")))
+    if kind == "controls":
+        return ControlsRan(str(entry.get("commit") or ""), bool(entry.get("ok")),
+                           str(entry.get("problem") or ""), bool(entry.get("untestable")), entry)
+    if kind == "phase":
+        bad, good = entry.get("bad_side"), entry.get("good_side")
+        return PhaseChanged(Phase(entry["phase"]), str(entry.get("message") or ""),
+                            None if bad is None else int(bad),
+                            None if good is None else int(good), entry)
+    if kind == "end":
+        return Ended(str(entry.get("state") or ""), str(entry.get("message") or ""), entry)
+    return Other(kind, entry)
 
 
 # -- checking them on reading ----------------------------------------------------------------

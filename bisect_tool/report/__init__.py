@@ -19,12 +19,12 @@ from bisect_tool.report.json_out import render_json
 from bisect_tool.report.locate import build_locate_report, render_locate_markdown
 from bisect_tool.report.markdown import CAP, render_markdown
 from bisect_tool.report.plot import plot_posterior, text_plot
-from bisect_tool.values import SearchState
+from bisect_tool.values import Standing
 
 __all__ = [
     "CAP",
     "REPORT_VERSION",
-    "SearchState",
+    "Standing",
     "build_locate_report",
     "build_report",
     "bundled_recipe",
@@ -45,7 +45,7 @@ def render_report(
     ``plot`` written, and linked relative to ``link_from``, the folder the report is read
     from) or JSON."""
     from bisect_tool import journal, redact
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
     from bisect_tool.errors import UsageError
 
     contents = journal.read(journal_path)
@@ -55,7 +55,7 @@ def render_report(
         located = build_locate_report(contents, bundled)
         return redact.text(render_json(located) if fmt == "json"
                            else render_locate_markdown(located))
-    built = build_report(contents, session.replay(contents).search_state(),
+    built = build_report(contents, ledger.replay(contents).standing(),
                          bundled_recipe=bundled, alone=lifetimes_alone(contents))
     if fmt == "json":
         return redact.text(render_json(built))
@@ -80,7 +80,7 @@ def lifetimes_alone(contents: Any) -> float | None:
     candidates the pinned stack rejected still untestable. None for a run without an op check."""
     import copy
 
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
     from bisect_tool.journal import JournalContents
 
     header = contents.header
@@ -100,8 +100,8 @@ def lifetimes_alone(contents: Any) -> float | None:
                                 "position": entry.get("position"), "message": detail["gate"]})
             continue
         entries.append(entry)
-    replayed = session.replay(JournalContents(plain, tuple(entries), contents.torn_tail))
-    return float(replayed.search_state().confidence)
+    replayed = ledger.replay(JournalContents(plain, tuple(entries), contents.torn_tail))
+    return float(replayed.standing().confidence)
 
 
 def bundled_recipe(contents: object) -> dict[str, object] | None:

@@ -1,6 +1,6 @@
 """The report's facts: a bisect journal reduced to one JSON-serialisable dict, no prose.
 
-Pure: the inputs are a journal's contents and a :class:`SearchState` (the strategy's summary
+Pure: the inputs are a journal's contents and a :class:`Standing` (the strategy's summary
 after replaying that journal); no git, no network. The Markdown and JSON renderers only format
 this dict, so the two outputs cannot disagree. Each noun has its module: the evidence
 (``evidence``), how sure (``confidence``), the environment and the reported setup
@@ -45,7 +45,7 @@ from bisect_tool.report.names import (
     rename,
     short_ref,
 )
-from bisect_tool.values import SearchState
+from bisect_tool.values import Standing
 
 REPORT_VERSION = 3
 #: below this many candidates a posterior plot shows nothing a table does not
@@ -59,7 +59,7 @@ __all__ = ["PLOT_MIN_CANDIDATES", "REPORT_VERSION", "build_report", "is_vllm_rem
 
 def build_report(
     contents: JournalContents,
-    state: SearchState,
+    state: Standing,
     *,
     repo_url: str | None = None,
     bundled_recipe: Mapping[str, Any] | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.events import Note, Observer
 from bisect_tool.run.request import Carried, StartRequest
 from bisect_tool.strategy.tiers import Tier
@@ -30,7 +30,7 @@ def settle_handover(journal_path: Path) -> None:
 
 
 def commit_request(
-    journal_path: Path, state: session.State, observer: Observer
+    journal_path: Path, state: ledger.Ledger, observer: Observer
 ) -> StartRequest | None:
     """The start of the commit-level run that follows the ended release-level run of
     ``journal_path`` (its journal to be written at ``HANDOVER_NAME``); None when there is

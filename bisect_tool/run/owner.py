@@ -22,7 +22,7 @@ from typing import Any
 
 from bisect_tool import journal as journal_mod
 from bisect_tool.cause import one_line, root_cause
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.designs.manual import next_manual_candidate
 from bisect_tool.errors import (
@@ -50,7 +50,7 @@ class Outcome:
 
     state: EndState
     message: str
-    summary: dict[str, Any]  # ``State.summary()`` at the end (``status --json``'s names)
+    summary: dict[str, Any]  # ``Ledger.status()`` at the end (``status --json``'s names)
     next_candidate: Candidate | None = None  # manual mode: the commit to judge next
 
     @property
@@ -102,7 +102,7 @@ def _forget_if_unobserved(path: Path, observer: Observer) -> None:
 
 def _continue_to_commits(
     journal_path: Path,
-    state: session.State,
+    state: ledger.Ledger,
     observer: Observer,
     evaluator_factory: EvaluatorFactory,
 ) -> Outcome | None:
@@ -128,7 +128,7 @@ def resume(
 
     handover.settle_handover(journal_path)
     contents = journal_mod.read(journal_path)
-    state = session.replay(contents)
+    state = ledger.replay(contents)
     header = contents.header
     if state.end is not None:
         onward = _continue_to_commits(journal_path, state, observer, evaluator_factory)
@@ -178,7 +178,7 @@ def resume(
 
 def bisect_loop(
     journal: Journal,
-    state: session.State,
+    state: ledger.Ledger,
     evaluators: Evaluators,
     *,
     observer: Observer = ignore,
@@ -208,7 +208,7 @@ def bisect_loop(
         journal, design, arms, parallel=evaluators.parallel,
         controls_for=controls_for, observer=observer, capacity=capacity,
     ).run()
-    return state.summary()
+    return state.standing().status()
 
 
 # -- a broken environment stops the run early ------------------------------------------------------
@@ -421,8 +421,8 @@ def end_leftovers(
     return ended
 
 
-def _outcome(state: session.State, next_candidate: Candidate | None = None) -> Outcome:
-    summary = state.summary()
+def _outcome(state: ledger.Ledger, next_candidate: Candidate | None = None) -> Outcome:
+    summary = state.standing().status()
     end = state.end or {}
     end_state = EndState(end["state"]) if end else EndState.RUNNING
     return Outcome(end_state, str(end.get("message", "")), summary, next_candidate)

@@ -264,14 +264,14 @@ class Plan:
 
 def make(request: StartRequest, *, p: float | None = None, trials: int = TRIALS) -> Plan:
     """The plan for what `start` was asked (``request``), with nothing written."""
-    from bisect_tool.designs import session
+    from bisect_tool.designs import ledger
     from bisect_tool.range import placement
     from bisect_tool.run.request import resolve
 
     commit_range, recipe, extra = resolve(request)
-    header = session.header_for(
+    header = ledger.header_for(
         commit_range,
-        recipe=session.header_recipe(
+        recipe=ledger.header_recipe(
             recipe, request.search_overrides, deterministic=request.deterministic
         ),
         mode="run" if request.run_command else ("recipe" if recipe else "manual"),

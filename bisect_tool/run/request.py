@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bisect_tool import journal as journal_mod
-from bisect_tool.designs import session
+from bisect_tool.designs import ledger
 from bisect_tool.errors import StateError, UsageError
 from bisect_tool.events import Note, Observer, ignore
 from bisect_tool.journal import entries
@@ -118,7 +118,7 @@ def create_journal(
             observer(Note(f"the previous session's journal is kept in {keep(path)}"))
         else:
             path.unlink()  # a header and nothing else
-    recipe_dict = session.header_recipe(
+    recipe_dict = ledger.header_recipe(
         recipe, request.search_overrides, deterministic=request.deterministic
     )
     mode = "run" if request.run_command else ("recipe" if recipe else "manual")
@@ -134,7 +134,7 @@ def create_journal(
     clone = request.releases is None or request.releases.then_commits
     if request.carried is not None:
         extra["previous"] = dict(request.carried.summary)
-    header = session.header_for(
+    header = ledger.header_for(
         commit_range,
         recipe=recipe_dict,
         command=request.command,

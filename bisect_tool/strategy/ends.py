@@ -191,28 +191,50 @@ def clean_not_earned(s: Summary) -> tuple[int, ...]:
     return tuple(out)
 
 
-def answer_doubt(s: Summary, good_side: bool = True) -> float:
-    """P(the named flip's claim fails on a ground the posterior does not weigh: the good end
-    is bad, or (``good_side``: the plain search, where the stop rules weigh it) the commits
-    just before the flip show the bug at a rate of their own). A deterministic probe's one run
-    a candidate is its answer: no good-side check."""
-    not_good = good_end_not_good(s)
-    step = good_side_check(s).doubt if good_side and not s.deterministic else 0.0
-    return 1 - (1 - not_good) * (1 - step)
+@dataclass(frozen=True)
+class Doubts:
+    """What the checks above leave open about the named flip, computed once a summary: the
+    stop rules, the choice of what to run next and the stated confidence all read this one
+    value, so the rule that takes them off the posterior's confidence lives here only."""
+
+    #: P(the good end shows the bug although the flip lies inside the range)
+    not_good: float
+    #: the good side's check (``good_side_check``)
+    good_side: GoodSideCheck
+    #: whether the good side's check counts: the plain search, where the stop rules weigh it
+    #: (not the confirm step, not a deterministic probe's one run a candidate)
+    weighs_good_side: bool
+
+    @property
+    def total(self) -> float:
+        """P(the named flip's claim fails on a ground the posterior does not weigh)."""
+        step = self.good_side.doubt if self.weighs_good_side else 0.0
+        return 1 - (1 - self.not_good) * (1 - step)
+
+    def held(self, confidence: float) -> float:
+        """The posterior's ``confidence`` in the flip with these doubts taken off: P(the flip
+        AND both ends as given AND no bug before it at a rate of its own)."""
+        return confidence * (1 - self.total)
 
 
-def checks_seen(s: Summary) -> dict[str, Any]:
+def doubts(s: Summary, good_side: bool = True) -> Doubts:
+    """The checks' doubts for ``s`` (``good_side``: the plain search, where the stop rules
+    weigh the good side; a deterministic probe's one run a candidate is its answer)."""
+    return Doubts(good_end_not_good(s), good_side_check(s), good_side and not s.deterministic)
+
+
+def checks_seen(s: Summary, seen: Doubts | None = None) -> dict[str, Any]:
     """What the checks above saw, as plain values (positions, counts, probabilities): what the
     journal's end entry keeps and the report states."""
-    check = good_side_check(s)
+    seen = seen or doubts(s)
     _, good = s.ends
     ends = () if good is None else (good, int(_good_side(s)[0]))
     clean = [(int(i), int(s.total[i])) for i in dict.fromkeys(ends)
              if not s.divergent[i] and i not in s.untestable]
     return {
-        "good_end_not_good": good_end_not_good(s),
-        "good_side_doubt": check.doubt,
-        "good_side_diverged": list(check.diverged),
+        "good_end_not_good": seen.not_good,
+        "good_side_doubt": seen.good_side.doubt,
+        "good_side_diverged": list(seen.good_side.diverged),
         "clean_against_rate": CLEAN_AGAINST_RATE,
         # (position, clean lifetimes): the good end, then the good-side candidate next to the
         # flip; were either buggy at that rate, so many clean ones would happen (1 - rate)^n

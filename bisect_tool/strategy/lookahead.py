@@ -9,7 +9,7 @@ and builds <= runs + K over the whole run (``bisect_tool.artifacts.provider``).
 
 K is ``[artifacts] prefetch`` (``--prefetch``) when given. Otherwise it comes from what a fetch
 costs against the time the probe would stand idle waiting for it (the run's measured costs,
-``session.State.measured_costs``; the recipe's until then):
+``ledger.Ledger.measured_costs``; the recipe's until then):
 
 - 0 where the artifacts may be source builds on the machine the probe keeps busy (an op check
   through ctypes runs on this host's CPUs, where host and Docker builds run too): a guess there

@@ -1,15 +1,20 @@
-"""The loop that wires range, strategy, evaluator and journal. It never calls git, HTTP or
-Docker itself: evaluators do, behind ``bisect_tool.interfaces.Evaluator``.
+"""The ledger: the search rebuilt from its journal, and nothing else.
 
-State is the journal: ``replay`` rebuilds the strategy from it, so ``resume`` after a crash (even
-SIGKILL) continues where it stopped, losing nothing and counting nothing twice.
+A ``Ledger`` changes in one way only, ``apply(entry)``, an entry the journal holds (``replay``
+applies them all in order; a live run applies each one after it is journaled). So ``resume``
+after a crash (even SIGKILL) continues where it stopped, losing nothing and counting nothing
+twice, and the designs (``bisect_tool.designs.phases``, ``.bisect``, ``.manual``) only read it:
+what a decision needs that is not in the journal (lifetime ids reserved for a batch being
+made) it passes as an argument. How an entry counts is one named policy each (below); what
+the run shows, reports and journals at its end is one frozen value, ``Standing``
+(``Ledger.standing``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,7 @@ from bisect_tool.journal import JournalContents, entries
 from bisect_tool.range import Candidate, CommitRange
 from bisect_tool.recipes.recipe import Recipe, SearchSettings
 from bisect_tool.strategy import BayesianStrategy, Costs, Priors
-from bisect_tool.strategy.ends import answer_doubt, good_end_not_good
+from bisect_tool.strategy.ends import checks_seen, doubts
 from bisect_tool.strategy.tiers import (
     MixturePrior,
     Phase,
@@ -31,7 +36,7 @@ from bisect_tool.strategy.tiers import (
     narrow_priors,
     stand_in_probability,
 )
-from bisect_tool.values import Direction, Observation, SearchState, Verdict, short
+from bisect_tool.values import Direction, Observation, Standing, Verdict, short
 from bisect_tool.verdict import (
     MAX_INCONCLUSIVE_STREAK,
     EndState,
@@ -108,6 +113,46 @@ def search_settings(header: dict[str, Any]) -> SearchSettings:
     return SearchSettings(**{k: v for k, v in raw.items() if k in known})
 
 
+# -- how an entry counts: one policy each ---------------------------------------------------
+
+
+def evidence_of(verdict: Verdict, detail: Mapping[str, Any], boot_failures_before: int) -> Evidence:
+    """What one journaled lifetime says about its candidate (``verdict.evidence``), except that
+    a candidate's first server to die at boot is no evidence: it may be the candidate's fault
+    or the machine's (seen on the H200: two vLLM servers profiling one GPU at once left one
+    with "Available KV cache memory: -0.67 GiB"), so only ``BOOT_TRIES`` in a row make the
+    candidate untestable. ``boot_failures_before``: its boot deaths in a row before this one."""
+    seen = evidence(verdict)
+    if seen is Evidence.CANNOT_RUN and detail.get("stage") == "boot" \
+            and boot_failures_before + 1 < BOOT_TRIES:
+        return Evidence.NOTHING
+    return seen
+
+
+def shared_failure(detail: Mapping[str, Any]) -> bool:
+    """Whether a candidate that cannot run failed for both tiers: its artifact is missing or
+    does not build (``SHARED_STAGES``), rather than its probe or server failing."""
+    return detail.get("stage") in SHARED_STAGES
+
+
+def gate_refused(tier: Tier, detail: Mapping[str, Any]) -> bool:
+    """The fast probe ran, but the pinned stack rejects the candidate's extension (the op is
+    named in the gate's message): the faithful tier cannot run it."""
+    return tier is Tier.NARROW and detail.get("gate") not in (None, "ok")
+
+
+def gives_up(inconclusive_in_a_row: int) -> bool:
+    """A candidate where the probe can never decide (the target batch never forms, say) is not
+    retried forever: after ``MAX_INCONCLUSIVE_STREAK`` inconclusive lifetimes in a row it is
+    retired (its conclusive lifetimes kept) or, with none, untestable."""
+    return inconclusive_in_a_row >= MAX_INCONCLUSIVE_STREAK
+
+
+def lifetime_key(commit: str, tier: Tier) -> str:
+    """How the ledger counts a candidate's lifetimes of ``tier`` (and numbers their ids)."""
+    return f"{tier}:{commit}" if tier is Tier.NARROW else commit
+
+
 @dataclass
 class TierTimes:
     """What a tier's work took, from its journaled observations (seconds)."""
@@ -117,7 +162,7 @@ class TierTimes:
 
 
 @dataclass
-class State:
+class Ledger:
     """The search rebuilt from a journal.
 
     ``strategy`` is the faithful search (the recipe's own probe: server lifetimes, a ``--run``
@@ -172,148 +217,120 @@ class State:
         return self.strategy
 
     def apply(self, entry: Mapping[str, Any]) -> None:
-        kind = entry.get("type")
-        if kind == "observation":
-            lid = entry.get("lifetime_id", "")
-            if lid and lid in self.seen_lifetimes:
-                return  # idempotent: a retried lifetime is not counted twice
-            self.seen_lifetimes.add(lid)
-            tier = Tier(entry.get("tier") or Tier.FAITHFUL)
-            self._observe(tier, entry)
-        elif kind == "untestable":
-            at = int(entry["position"])
-            self.verdicts.setdefault(at, []).append(Verdict.UNTESTABLE)
-            self.strategy.mark_untestable(at)
-            self.untestable_why.setdefault(at, one_line(str(entry.get("message") or ""), 300))
-            self.gated.add(at)
-        elif kind == "gate":
-            self.gated.add(int(entry["position"]))
-        elif kind == "controls":
-            if entry.get("untestable"):
+        """Count one journal entry: the only way the ledger changes."""
+        match entries.parse(entry):
+            case entries.Observed() as seen:
+                if seen.lifetime_id and seen.lifetime_id in self.seen_lifetimes:
+                    return  # idempotent: a retried lifetime is not counted twice
+                self.seen_lifetimes.add(seen.lifetime_id)
+                self._observe(seen)
+            case entries.Refused(position=at, message=message):
+                self.verdicts.setdefault(at, []).append(Verdict.UNTESTABLE)
+                self.strategy.mark_untestable(at)
+                self.untestable_why.setdefault(at, one_line(message, 300))
+                self.gated.add(at)
+            case entries.GateLetThrough(position=at):
+                self.gated.add(at)
+            case entries.ControlsRan(untestable=True, commit=commit, entry=raw):
                 # the candidate could not run the controls (the gate refused it, its server
                 # never booted): it is untestable for lifetimes, and the controls move on
-                self.controls_refused.append(dict(entry))
-                position = self.position_of(str(entry.get("commit", "")))
+                self.controls_refused.append(dict(raw))
+                position = self.position_of(commit)
                 if position is not None and not self.strategy.summary().total[position]:
                     self.strategy.mark_untestable(position)
-            else:
-                self.controls = dict(entry)
-        elif kind == "phase":
-            self._enter(entry)
-        elif kind == "end":
-            self.end = dict(entry)
+            case entries.ControlsRan(entry=raw):
+                self.controls = dict(raw)
+            case entries.PhaseChanged() as changed:
+                self._enter(changed)
+            case entries.Ended(entry=raw):
+                self.end = dict(raw)
+            case entries.Other():
+                pass  # the environment, a newer tool's kind: nothing the search counts
 
-    def _observe(self, tier: Tier, entry: Mapping[str, Any]) -> None:
+    def _observe(self, seen: entries.Observed) -> None:
+        tier, pos, detail = seen.tier, seen.position, seen.detail
         strategy = self.strategy_for(tier)
-        pos = int(entry["position"])
-        commit = entry["commit"]
-        key = f"{tier}:{commit}" if tier is Tier.NARROW else commit
+        key = lifetime_key(seen.commit, tier)
         self.lifetimes_by_commit[key] = self.lifetimes_by_commit.get(key, 0) + 1
         self.runs[tier] += 1
-        verdict = Verdict(entry["verdict"])
         (self.narrow_verdicts if tier is Tier.NARROW else self.verdicts).setdefault(
-            pos, []).append(verdict)
-        raw = entry.get("detail")
-        detail: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        self._time(tier, pos, entry, detail)
-        seen = evidence(verdict)
-        if seen is Evidence.CANNOT_RUN:
+            pos, []).append(seen.verdict)
+        self._time(seen)
+        # the run's own costs as measured so far choose its next candidates (the recipe's
+        # until then): set here, from the journal, so that no decision changes the strategy
+        strategy.set_costs(self.measured_costs(tier))
+        died_before = self.boot_failures.get((tier, pos), 0)
+        counts = evidence_of(seen.verdict, detail, died_before)
+        if evidence(seen.verdict) is not Evidence.CANNOT_RUN:
+            self.boot_failures.pop((tier, pos), None)
+        else:
             # why, in one line, for an end that turns out untestable (the build's failure, the
             # gate's verdict, the first error of a dead server's log): never the log tail itself
-            self.untestable_why.setdefault(pos, one_line(str(entry.get("message") or ""), 300))
-        seen = self._boot_tries(tier, pos, seen, detail)
-        if seen is not Evidence.CANNOT_RUN or detail.get("stage") not in SHARED_STAGES:
+            self.untestable_why.setdefault(pos, one_line(seen.message, 300))
+            if detail.get("stage") == "boot":
+                self.boot_failures[(tier, pos)] = died_before + 1
+        if counts is not Evidence.CANNOT_RUN or not shared_failure(detail):
             # its artifacts are at hand: the other tier switches to it for free
             for other in (self.strategy, self.narrow):
                 if other is not None:
                     other.mark_prepared(pos)
-        rejected = tier is Tier.NARROW and detail.get("gate") not in (None, "ok")
-        if rejected and not self.strategy.summary().total[pos]:
-            # The fast probe ran, but the pinned stack rejects this candidate's extension: the
-            # faithful tier cannot run it (the op is named in the gate's message).
+        if gate_refused(tier, detail) and not self.strategy.summary().total[pos]:
             self.strategy.mark_untestable(pos)
-        if seen is Evidence.NOTHING:
-            self._inconclusive(strategy, tier, pos)
+        if counts is Evidence.NOTHING:
+            self._no_evidence(strategy, tier, pos)
             return
         self.inconclusive_streak[(tier, pos)] = 0
-        self._record(strategy, pos, seen, detail)
+        if counts is Evidence.BUG:
+            strategy.record(pos, True)
+        elif counts is Evidence.NO_BUG:
+            strategy.record(pos, False)
+        elif counts is Evidence.CANNOT_RUN:
+            # A candidate that never gave a conclusive lifetime is untestable (no artifact,
+            # build or boot failure, incompatible ops). One that already did keeps its
+            # evidence: a later crash says nothing about the bug either way.
+            both = (self.strategy, self.narrow) if shared_failure(detail) else ()
+            for each in (strategy, *both):
+                if each is not None and not each.summary().total[pos]:
+                    each.mark_untestable(pos)
 
-    def _boot_tries(
-        self, tier: Tier, pos: int, seen: Evidence, detail: Mapping[str, Any]
-    ) -> Evidence:
-        """``seen``, except that a candidate's first server to die at boot is no evidence."""
-        if seen is Evidence.CANNOT_RUN and detail.get("stage") == "boot":
-            # A server that died before /health may be the candidate's fault or the machine's
-            # (seen on the H200: two vLLM servers profiling one GPU at once left one with
-            # "Available KV cache memory: -0.67 GiB"): the first such failure is no evidence,
-            # the second in a row makes the candidate untestable.
-            failures = self.boot_failures.get((tier, pos), 0) + 1
-            self.boot_failures[(tier, pos)] = failures
-            if failures < BOOT_TRIES:
-                return Evidence.NOTHING
-        elif seen is not Evidence.CANNOT_RUN:
-            self.boot_failures.pop((tier, pos), None)
-        return seen
-
-    def _inconclusive(self, strategy: BayesianStrategy, tier: Tier, pos: int) -> None:
-        """No evidence either way; but a candidate where the probe can never decide (e.g. the
-        target batch never forms) must not be retried forever."""
+    def _no_evidence(self, strategy: BayesianStrategy, tier: Tier, pos: int) -> None:
         streak = self.inconclusive_streak.get((tier, pos), 0) + 1
         self.inconclusive_streak[(tier, pos)] = streak
-        if streak >= MAX_INCONCLUSIVE_STREAK:
+        if gives_up(streak):
             if strategy.summary().total[pos]:
                 strategy.retire(pos)  # keep the conclusive lifetimes it gave
             else:
                 strategy.mark_untestable(pos)
 
-    def _record(
-        self, strategy: BayesianStrategy, pos: int, seen: Evidence, detail: Mapping[str, Any]
-    ) -> None:
-        if seen is Evidence.BUG:
-            strategy.record(pos, True)
-        elif seen is Evidence.NO_BUG:
-            strategy.record(pos, False)
-        elif seen is Evidence.CANNOT_RUN:
-            # A candidate that never gave a conclusive lifetime is untestable (no artifact,
-            # build or boot failure, incompatible ops). One that already did keeps its
-            # evidence: a later crash says nothing about the bug either way.
-            shared = detail.get("stage") in SHARED_STAGES
-            for each in (strategy, *((self.strategy, self.narrow) if shared else ())):
-                if each is not None and not each.summary().total[pos]:
-                    each.mark_untestable(pos)
-
-    def _time(
-        self, tier: Tier, pos: int, entry: Mapping[str, Any], detail: Mapping[str, Any]
-    ) -> None:
+    def _time(self, seen: entries.Observed) -> None:
         """The run's own costs (``measured_costs``): what a lifetime took beyond its artifact,
         and what getting a candidate's artifact took the first time (later ones hit the
         cache, which ``mark_prepared`` already prices at nothing)."""
-        raw = detail.get("timing")
+        raw = seen.detail.get("timing")
         timing: dict[str, Any] = raw if isinstance(raw, dict) else {}
         try:
-            total = float(entry.get("duration_s") or 0.0)
             artifact = float(timing.get("artifacts_s") or 0.0)
         except (TypeError, ValueError):
             return
-        if total <= 0:
+        if seen.duration_s <= 0:
             return
-        times = self.times[tier]
-        times.lifetime_s.append(max(total - artifact, 0.0))
-        if pos not in self._fetched:
-            self._fetched.add(pos)
+        times = self.times[seen.tier]
+        times.lifetime_s.append(max(seen.duration_s - artifact, 0.0))
+        if seen.position not in self._fetched:
+            self._fetched.add(seen.position)
             times.artifact_s.append(artifact)
 
-    def _enter(self, entry: Mapping[str, Any]) -> None:
-        phase = Phase(entry["phase"])
-        if phase is Phase.CONFIRM:
-            self.sides = Sides(int(entry["bad_side"]), int(entry["good_side"]))
+    def _enter(self, changed: entries.PhaseChanged) -> None:
+        if changed.phase is Phase.CONFIRM:
+            assert changed.bad_side is not None and changed.good_side is not None  # checked
+            self.sides = Sides(changed.bad_side, changed.good_side)
             narrow = self.strategy_for(Tier.NARROW)
             self.prior = mixture_prior(
                 narrow, self.settings.stand_in_prior, self.settings.end_doubt
             )
             self.strategy.set_prior(self.prior.in_range, self.prior.ends)
-        self.phase = phase
-        self.phases.append(dict(entry))
+        self.phase = changed.phase
+        self.phases.append(dict(changed.entry))
 
     def measured_costs(self, tier: Tier) -> Costs:
         """The costs the strategy chooses by: the recipe's only until the run measured its own
@@ -343,37 +360,41 @@ class State:
         return aggregate(self.verdicts.get(position, ()))
 
     def next_lifetime_ids(
-        self, commit: str, count: int = 1, tier: Tier = Tier.FAITHFUL
+        self, commit: str, count: int = 1, tier: Tier = Tier.FAITHFUL,
+        taken: Collection[str] = (),
     ) -> list[str]:
         """Stable ids ``<sha12>-<n>`` (``<sha12>-narrow-<n>`` for the fast probe's runs): a
-        resumed run never reuses one already journaled."""
+        resumed run never reuses one already journaled, nor one in ``taken`` (those under way
+        or already handed to the batch being made)."""
         ids: list[str] = []
-        key = f"{tier}:{commit}" if tier is Tier.NARROW else commit
-        n = self.lifetimes_by_commit.get(key, 0)
+        n = self.lifetimes_by_commit.get(lifetime_key(commit, tier), 0)
         infix = "-narrow" if tier is Tier.NARROW else ""
         while len(ids) < count:
             lid = f"{short(commit)}{infix}-{n}"
             n += 1
-            if lid not in self.seen_lifetimes:
+            if lid not in self.seen_lifetimes and lid not in taken:
                 ids.append(lid)
         return ids
 
-    def search_state(self) -> SearchState:
-        """Where the search stands, with SHAs instead of positions (what the report renders)."""
+    def standing(self) -> Standing:
+        """Where the search stands, with SHAs instead of positions: what `status`, the end
+        entry and the report read."""
         s = self.strategy.summary()
         rates = self.strategy.rates()
         # a good end that showed the bug may not be a good end at all, and the commits before
-        # the flip may show it at a lower rate (bisect_tool.strategy.ends): the answer's confidence
-        # is
-        # P(the flip AND both ends as given), so it takes those doubts too
-        not_good = good_end_not_good(s)
-        return SearchState(
+        # the flip may show it at a lower rate (bisect_tool.strategy.ends): the stated
+        # confidence is P(the flip AND both ends as given), the good side's check counted only
+        # where the stop rules weigh it (the plain search)
+        seen = doubts(s, good_side=self.phase is Phase.FAITHFUL)
+        sha = [c.sha for c in self.candidates]
+        flip_block = tuple(sha[f] for f in s.block)
+        checks = checks_seen(s, seen)
+        return Standing(
             state=self.end["state"] if self.end else str(EndState.RUNNING),
             direction=str(self.direction),
-            flip_block=tuple(self.candidates[f].sha for f in s.block),
-            # the good side's check only where the stop rules apply it: the plain search
-            confidence=s.confidence * (1 - answer_doubt(s, self.phase is Phase.FAITHFUL)),
-            credible_set=tuple(self.candidates[f].sha for f in s.credible_set),
+            flip_block=flip_block,
+            confidence=seen.held(s.confidence),
+            credible_set=tuple(sha[f] for f in s.credible_set),
             p_median=rates.p_median,
             p_interval=rates.p_interval,
             q_median=rates.q_median,
@@ -381,9 +402,19 @@ class State:
             evaluations=s.evaluations,
             candidates_tested=s.candidates_tested,
             posterior=(0.0, *(float(x) for x in self.strategy.posterior())),
-            good_end_doubt=s.good_end_doubt + (1 - s.good_end_doubt) * not_good,
+            good_end_doubt=s.good_end_doubt + (1 - s.good_end_doubt) * seen.not_good,
             bad_end_doubt=s.bad_end_doubt,
             tiers=self._tier_facts(),
+            candidates=len(self.candidates),
+            message=str((self.end or {}).get("message", "")),
+            level=str(self.header.get("level") or "commit"),
+            flip_provenance={c.sha: c.provenance() for c in self.candidates
+                             if c.sha in flip_block and c.provenance()},
+            checks={
+                **{k: v for k, v in checks.items() if k not in ("good_side_diverged", "clean")},
+                "good_side_diverged": [[sha[i], d, t] for i, d, t in checks["good_side_diverged"]],
+                "clean": [[sha[i], n] for i, n in checks["clean"]],
+            },
         )
 
     def _tier_facts(self) -> dict[str, Any] | None:
@@ -401,35 +432,6 @@ class State:
             "sides": None if self.sides is None else [self.sides.bad, self.sides.good],
             "stand_in_prior": self.settings.stand_in_prior,
             "stand_in_probability": self.stand_in_probability(),
-        }
-
-    def summary(self) -> dict[str, Any]:
-        """``status --json``: the search state under the names the CLI documents."""
-        st = self.search_state()
-        return {
-            "tiers": st.tiers,
-            "state": st.state,
-            "direction": st.direction,
-            "flip_commit": st.flip_block[0] if len(st.flip_block) == 1 else None,
-            "flip_block": list(st.flip_block),
-            "confidence": st.confidence,
-            "credible_set": list(st.credible_set),
-            "evaluations": st.evaluations,
-            "candidates_tested": st.candidates_tested,
-            "candidates": len(self.candidates),
-            "p_estimate": st.p_median,
-            "p_interval": list(st.p_interval),
-            "q_estimate": st.q_median,
-            "q_interval": list(st.q_interval),
-            "posterior": list(st.posterior),
-            "good_end_doubt": st.good_end_doubt,
-            "bad_end_doubt": st.bad_end_doubt,
-            "message": (self.end or {}).get("message", ""),
-            "level": str(self.header.get("level") or "commit"),
-            # a flip off the main line (a release branch's bump or cherry-pick): where it lives
-            # and the main commit it copies
-            "flip_provenance": {c.sha: c.provenance() for c in self.candidates
-                                if c.sha in st.flip_block and c.provenance()},
         }
 
 
@@ -455,7 +457,10 @@ def narrow_strategy(size: int, direction: Direction, settings: SearchSettings) -
     )
 
 
-def replay(contents: JournalContents) -> State:
+def replay(contents: JournalContents, priors: Priors | None = None) -> Ledger:
+    """The ledger of ``contents``, every entry applied in order. ``priors``: a bench's what-if
+    only (the search told p and q, bench/cost_bounds.py); a run always starts from the
+    recipe's."""
     header = contents.header
     candidates = tuple(Candidate.from_dict(c) for c in header["candidates"])
     settings = search_settings(header)
@@ -470,10 +475,10 @@ def replay(contents: JournalContents) -> State:
             Direction(header["direction"]),
             costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
             confidence=settings.confidence,
-            priors=Priors(end_doubt=settings.end_doubt),
+            priors=priors or Priors(end_doubt=settings.end_doubt),
         )
 
-    state = State(header, candidates, new_strategy(), settings, {}, set())
+    state = Ledger(header, candidates, new_strategy(), settings, {}, set())
     if narrow_kind(header):
         state.narrow = narrow_strategy(len(candidates), Direction(header["direction"]), settings)
         state.phase = Phase.NARROW
