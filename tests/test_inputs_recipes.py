@@ -63,9 +63,9 @@ def test_a_recipe_is_checked_whole_before_anything_starts(
 def test_every_search_value_the_journal_or_the_strategy_refuses_is_refused_at_load(
     tmp_path: Path,
 ) -> None:
-    """The recipe check covers what the header check (entries.check_header) and the strategy would
+    """The recipe check covers what the header check (shapes.check_header) and the strategy would
     refuse later: a recipe that loads always gives a journal the tool can read back."""
-    from bisect_tool.journal.entries import _SEARCH_NUMBERS, ShapeError, check_header
+    from bisect_tool.journal.shapes import _SEARCH_NUMBERS, ShapeError, check_header
     from bisect_tool.recipes.recipe import from_dict
     from bisect_tool.strategy import BayesianStrategy, Priors
     from bisect_tool.values import Direction

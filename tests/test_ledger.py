@@ -199,3 +199,46 @@ def test_a_confirm_step_decision_changes_nothing_either(monkeypatch: pytest.Monk
     BisectDesign(state, slots=8).refill(running, 3)
     assert _fingerprint(state) == before
     assert called == []
+
+
+# -- reading entries: one frozen value per kind ----------------------------------------------
+
+
+def test_each_entry_reads_back_as_its_kind_s_value() -> None:
+    from bisect_tool.journal import entries
+    from bisect_tool.strategy.tiers import Phase
+    from bisect_tool.values import Observation
+
+    written = entries.observation(
+        Observation("c" * 40, Verdict.DIVERGENT, "c-1", {"stage": "probe"}, "saw it", 12.5),
+        3, tier=Tier.NARROW)
+    seen = entries.parse({**written, "seq": 7})
+    assert seen == entries.Observed("c-1", "c" * 40, 3, Verdict.DIVERGENT, Tier.NARROW,
+                                    {"stage": "probe"}, "saw it", 12.5, seq=7)
+    older = {k: v for k, v in written.items() if k not in ("tier", "duration_s", "detail")}
+    assert entries.parse(older) == entries.Observed(  # a journal from before the tiers
+        "c-1", "c" * 40, 3, Verdict.DIVERGENT, Tier.FAITHFUL, {}, "saw it", 0.0)
+    assert entries.parse(entries.untestable("d" * 40, 2, "no wheel", stage="artifacts")) \
+        == entries.Refused("d" * 40, 2, "no wheel", "artifacts")
+    assert entries.parse(entries.gate_passed("e" * 40, 1, duration_s=8.0)) \
+        == entries.GateLetThrough("e" * 40, 1, 8.0)
+    phase = entries.parse(entries.phase(Phase.CONFIRM, "why", bad_side=4, good_side=5))
+    assert isinstance(phase, entries.PhaseChanged)
+    assert (phase.phase, phase.bad_side, phase.good_side) == (Phase.CONFIRM, 4, 5)
+    controls = entries.parse(entries.controls("f" * 40, False, "no bug", {}, untestable=True))
+    assert isinstance(controls, entries.ControlsRan)
+    assert (controls.ok, controls.problem, controls.untestable) == (False, "no bug", True)
+    assert entries.parse(entries.end("done", "held")) == entries.Ended(
+        "done", "held", {"type": "end", "state": "done", "message": "held"})
+    assert entries.parse({"type": "environment", "gpu": "H100"}) == entries.Other(
+        "environment", {"type": "environment", "gpu": "H100"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seen.position = 4  # type: ignore[misc]
+
+
+def test_the_journal_s_lifetimes_read_once_each_as_values() -> None:
+    contents = _plain_journal()
+    retried = JournalContents(contents.header, (*contents.entries, contents.entries[0]))
+    assert [o.lifetime_id for o in retried.observed] == \
+        [e["lifetime_id"] for e in contents.entries]
+    assert all(o.tier is Tier.FAITHFUL for o in retried.observed)

@@ -18,8 +18,9 @@ from bisect_tool.cli.common import (
     state_option,
 )
 from bisect_tool.errors import UsageError
-from bisect_tool.journal import JOURNAL_NAME
+from bisect_tool.journal import JOURNAL_NAME, entries
 from bisect_tool.run.owner import Outcome
+from bisect_tool.strategy.tiers import Tier
 from bisect_tool.values import percent, rate_text, short, spelled
 from bisect_tool.verdict import end_state
 
@@ -86,23 +87,25 @@ def log(repo: Path, state_dir: Path | None) -> None:
     click.echo(
         f"# session {h['session']}: {h['direction']} {h['good_ref']} (good) {h['bad_ref']} (bad)"
     )
-    for e in contents.entries:
-        kind = e.get("type")
-        if kind == "observation":
-            click.echo(
-                f"{e['lifetime_id']:<16} {short(spelled(e['commit'], level))} {e['verdict']:<12} "
-                + ("[fast probe] " if e.get("tier") == "narrow" else "")
-                + f"{e.get('message', '')[:80]}"
-            )
-        elif kind == "phase":
-            click.echo(f"phase            {e['phase']}: {e.get('message', '')}")
-        elif kind == "untestable":
-            name = short(spelled(e["commit"], level))
-            click.echo(f"untestable       {name} {e.get('message', '')[:80]}")
-        elif kind == "controls":
-            click.echo(f"controls         {'ok' if e.get('ok') else e.get('problem', '')[:100]}")
-        elif kind == "end":
-            click.echo(f"end              {e['state']}: {e.get('message', '')}")
+    for entry in contents.entries:
+        match entries.parse(entry):
+            case entries.Observed() as seen:
+                click.echo(
+                    f"{seen.lifetime_id:<16} {short(spelled(seen.commit, level))} "
+                    f"{seen.verdict:<12} "
+                    + ("[fast probe] " if seen.tier is Tier.NARROW else "")
+                    + f"{seen.message[:80]}"
+                )
+            case entries.PhaseChanged(phase=phase, message=message):
+                click.echo(f"phase            {phase}: {message}")
+            case entries.Refused(commit=commit, message=message):
+                click.echo(f"untestable       {short(spelled(commit, level))} {message[:80]}")
+            case entries.ControlsRan(ok=ok, problem=problem):
+                click.echo(f"controls         {'ok' if ok else problem[:100]}")
+            case entries.Ended(state=state, message=message):
+                click.echo(f"end              {state}: {message}")
+            case _:
+                pass
 
 
 @click.command("replay")

@@ -23,7 +23,10 @@ import click
 from bisect_tool.errors import NoAnswer, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from bisect_tool.demo.history import DemoHistory
+    from bisect_tool.journal.entries import Observed
 
 
 @click.command("demo")
@@ -106,6 +109,8 @@ def _bisect(history: DemoHistory, workdir: Path, as_json: bool, seed: int, commi
     from bisect_tool import journal as journal_mod
     from bisect_tool.demo import outdir
     from bisect_tool.run.statedir import STATE_SUBDIR
+    from bisect_tool.strategy.tiers import Tier
+    from bisect_tool.values import Verdict
 
     repo = history.repo
     # the recipe on disk is the one to bisect the history by hand (source builds: the wheel
@@ -146,8 +151,8 @@ def _bisect(history: DemoHistory, workdir: Path, as_json: bool, seed: int, commi
     contents = journal_mod.read(journal_path)
     end = contents.end or {}
     summary = end.get("summary", {})
-    narrow_runs = [o for o in contents.observations if o.get("tier") == "narrow"]
-    observations = [o for o in contents.observations if o.get("tier") != "narrow"]
+    narrow_runs = [o for o in contents.observed if o.tier is Tier.NARROW]
+    observations = [o for o in contents.observed if o.tier is not Tier.NARROW]
     breakdown = _breakdown(observations, wall)
     report_path, plot_path, _ = _write_report(journal_path, out)
     if as_json:
@@ -164,10 +169,10 @@ def _bisect(history: DemoHistory, workdir: Path, as_json: bool, seed: int, commi
                     "state_dir": str(state_dir.absolute()),
                     "recipe": str(recipe_path.absolute()),
                     "plot": str(plot_path) if plot_path else None,
-                    "evaluations": len({o["commit"] for o in observations}),
+                    "evaluations": len({o.commit for o in observations}),
                     "lifetimes": len(observations),
                     "narrow_runs": len(narrow_runs),
-                    "narrow_candidates": len({o["commit"] for o in narrow_runs}),
+                    "narrow_candidates": len({o.commit for o in narrow_runs}),
                     "wall_s": round(wall, 2),
                     "state": end.get("state"),
                     "breakdown": breakdown,
@@ -200,7 +205,7 @@ def _bisect(history: DemoHistory, workdir: Path, as_json: bool, seed: int, commi
                 p_estimate=summary.get("p_estimate"),
                 p_interval=(float(interval[0]), float(interval[1])) if interval else None,
                 lifetimes=len(observations),
-                inconclusive=sum(o.get("verdict") not in ("clean", "divergent")
+                inconclusive=sum(o.verdict not in (Verdict.CLEAN, Verdict.DIVERGENT)
                                  for o in observations),
                 wall_s=wall,
                 report_path=_shown(report_path),
@@ -316,15 +321,14 @@ def _demo_image() -> str:
         return image.ensure_image(client, progress=lambda m: click.echo(m, err=True))
 
 
-def _breakdown(observations: list[dict[str, object]], wall: float) -> dict[str, float]:
+def _breakdown(observations: Sequence[Observed], wall: float) -> dict[str, float]:
     sums = {"artifacts_s": 0.0, "boot_s": 0.0, "probe_s": 0.0, "teardown_s": 0.0}
     lifetimes = 0.0
     for o in observations:
-        detail = o.get("detail") or {}
-        timing = detail.get("timing", {}) if isinstance(detail, dict) else {}
+        timing = o.detail.get("timing", {})
         for key in sums:
-            sums[key] += float(timing.get(key, 0.0))
-        lifetimes += float(o.get("duration_s") or 0.0)  # type: ignore[arg-type]
+            sums[key] += float(timing.get(key, 0.0)) if isinstance(timing, dict) else 0.0
+        lifetimes += o.duration_s
     other = wall - sum(sums.values())
     return {
         "total_s": round(wall, 2),

@@ -83,10 +83,11 @@ class BisectDesign:
     # -- the Design protocol ----------------------------------------------------------------
 
     def apply(self, entry: Mapping[str, Any]) -> None:
-        if entry.get("type") == "controls":
-            self._controls_running = False
-        if entry.get("type") in ("gate", "untestable"):
-            self._gating.discard(str(entry.get("commit", "")))
+        match entries.parse(entry):
+            case entries.ControlsRan():
+                self._controls_running = False
+            case entries.GateLetThrough(commit=commit) | entries.Refused(commit=commit):
+                self._gating.discard(commit)
         self.state.apply(entry)
 
     def next_step(self) -> Step:

@@ -19,7 +19,7 @@ from bisect_tool.events import Event
 from bisect_tool.journal import entries
 from bisect_tool.range import Candidate
 from bisect_tool.strategy.matrix import CELLS, Cell, CellCounts, Finding, Side, conclude, next_cell
-from bisect_tool.values import Observation, Verdict
+from bisect_tool.values import Observation
 from bisect_tool.verdict import EndState, Evidence, controls_problem, evidence
 
 
@@ -41,7 +41,7 @@ class LocateDesign:
         self.per_cell = lifetimes_per_cell
         self.slots = max(1, slots)
         self.controls = controls
-        self.observations: list[dict[str, Any]] = []
+        self.observations: list[entries.Observed] = []
         self._seen: set[str] = set()
         self.controls_entry: dict[str, Any] | None = None
         self.end: dict[str, Any] | None = None
@@ -50,18 +50,19 @@ class LocateDesign:
     # -- the Design protocol ----------------------------------------------------------------
 
     def apply(self, entry: Mapping[str, Any]) -> None:
-        kind = entry.get("type")
-        if kind == "observation":
-            lid = str(entry.get("lifetime_id", ""))
-            if lid and lid in self._seen:
-                return  # idempotent: a lifetime is counted once
-            self._seen.add(lid)
-            self.observations.append(dict(entry))
-            self.counts = counts_of(self.observations)
-        elif kind == "controls":
-            self.controls_entry = dict(entry)
-        elif kind == "end":
-            self.end = dict(entry)
+        match entries.parse(entry):
+            case entries.Observed() as seen:
+                if seen.lifetime_id and seen.lifetime_id in self._seen:
+                    return  # idempotent: a lifetime is counted once
+                self._seen.add(seen.lifetime_id)
+                self.observations.append(seen)
+                self.counts = counts_of(self.observations)
+            case entries.ControlsRan(entry=raw):
+                self.controls_entry = dict(raw)
+            case entries.Ended(entry=raw):
+                self.end = dict(raw)
+            case _:
+                pass
 
     def next_step(self) -> Step:
         if self.controls and self.controls_entry is None:
@@ -77,7 +78,7 @@ class LocateDesign:
             return Finish(EndState.BUDGET, f"{finding.explanation}: {finding.probability:.4f}")
         issued: dict[str, int] = {}
         for obs in self.observations:
-            issued[str(obs.get("cell"))] = issued.get(str(obs.get("cell")), 0) + 1
+            issued[obs.cell] = issued.get(obs.cell, 0) + 1
         items = []
         for cell in batch:
             n = issued.get(cell.key, 0)
@@ -117,21 +118,21 @@ class LocateDesign:
         return conclude(self.counts, self.confidence)
 
 
-def counts_of(observations: Iterable[Mapping[str, Any]]) -> dict[Cell, CellCounts]:
+def counts_of(observations: Iterable[entries.Observed]) -> dict[Cell, CellCounts]:
     """Each cell's divergent and conclusive lifetimes; a cell that never gave a conclusive one
     and could not run says why (the first line of the failure, or the log's likely cause)."""
     counts: dict[Cell, CellCounts] = {cell: CellCounts() for cell in CELLS}
     for obs in observations:
-        cell = Cell.from_key(str(obs.get("cell")))
+        cell = Cell.from_key(obs.cell)
         c = counts[cell]
-        seen = evidence(Verdict(obs["verdict"]))
+        seen = evidence(obs.verdict)
         if seen is Evidence.BUG or seen is Evidence.NO_BUG:
             counts[cell] = CellCounts(c.divergent + (seen is Evidence.BUG), c.total + 1,
                                       c.untestable)
         elif seen is Evidence.CANNOT_RUN and not c.total:
             # the first line says what failed, the first error of a log tail why (the whole
             # tail stays in the journal and the lifetime's log)
-            why = one_line(str(obs.get("message") or ""), 300) or "?"
+            why = one_line(obs.message, 300) or "?"
             counts[cell] = CellCounts(c.divergent, c.total, why)
     return counts
 

@@ -19,13 +19,10 @@ from typing import Any
 
 from bisect_tool import redact
 from bisect_tool.errors import CorruptJournal, JournalLost, NoSession, StateDirUnusable, StateError
-from bisect_tool.journal.entries import (
-    JOURNAL_VERSION,
-    ShapeError,
-    check_entry,
-    check_header,
-    environment,
-)
+from bisect_tool.journal.entries import JOURNAL_VERSION, Observed, Refused, environment
+from bisect_tool.journal.entries import observed as parse_observed
+from bisect_tool.journal.entries import refused as parse_refused
+from bisect_tool.journal.shapes import ShapeError, check_entry, check_header
 
 JOURNAL_NAME = "journal.jsonl"
 
@@ -40,7 +37,20 @@ class JournalContents:
         return [e for e in self.entries if e.get("type") == kind]
 
     @property
+    def observed(self) -> tuple[Observed, ...]:
+        """The lifetimes, each once (a retried lifetime id is not counted twice), as typed
+        values: what the report and the run's checks read."""
+        return tuple(parse_observed(e) for e in self.observations)
+
+    @property
+    def refused(self) -> tuple[Refused, ...]:
+        """The ``untestable`` entries, as typed values."""
+        return tuple(parse_refused(e) for e in self.of_type("untestable"))
+
+    @property
     def observations(self) -> list[dict[str, Any]]:
+        """The observation entries as the file holds them, each lifetime id once (what a test
+        checks, or a run carries into another journal); readers use ``observed``."""
         seen: set[str] = set()
         out = []
         for e in self.of_type("observation"):

@@ -9,6 +9,7 @@ from typing import Any
 
 from bisect_tool.cause import one_line
 from bisect_tool.journal import JournalContents
+from bisect_tool.journal.entries import Observed
 from bisect_tool.report.names import (
     index_of,
     lifetime_number,
@@ -86,27 +87,25 @@ def _moved(detail: Mapping[str, Any]) -> str | None:
 def lifetimes(contents: JournalContents, commits: Sequence[Mapping[str, Any]]
               ) -> list[dict[str, Any]]:
     out = []
-    for obs in contents.observations:
+    for obs in contents.observed:
         index = index_of(obs, commits)
-        raw = obs.get("detail")
-        detail: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        sha = str(obs.get("commit", "")) or (str(commits[index]["sha"]) if index >= 0 else "")
-        verdict = str(obs.get("verdict", "")).upper()
+        detail = obs.detail
+        sha = obs.commit or (str(commits[index]["sha"]) if index >= 0 else "")
+        verdict = str(obs.verdict).upper()
         recorded = detail.get("max_abs_logprob_delta")
         out.append({
-            "seq": obs.get("seq"),
-            "lifetime_id": obs.get("lifetime_id"),
-            "number": lifetime_number(obs.get("lifetime_id")),
+            "seq": obs.seq,
+            "lifetime_id": obs.lifetime_id,
+            "number": lifetime_number(obs.lifetime_id),
             "sha": sha,
             "name": name(commits[index]) if index >= 0 else short_ref(sha),
             "index": index,
             "verdict": verdict,
-            "message": obs.get("message") or "",
+            "message": obs.message,
             # why it could not run, in one line (the whole message stays in the JSON)
-            "cause": why(str(obs.get("message") or ""), commits) if verdict == "UNTESTABLE"
-            else "",
-            "has_log": "log tail" in str(obs.get("message") or ""),
-            "duration_s": obs.get("duration_s"),
+            "cause": why(obs.message, commits) if verdict == "UNTESTABLE" else "",
+            "has_log": "log tail" in obs.message,
+            "duration_s": obs.duration_s,
             "detail": dict(detail),
             "log_tail": no_local_paths(quiet_log(str(detail.get("log_tail") or ""))),
             "coresidency": detail.get("max_coresidency"),
@@ -145,24 +144,22 @@ def tested(contents: JournalContents, commits: Sequence[Mapping[str, Any]], bad_
             }
         return rows[index]
 
-    for obs in contents.observations:
+    for obs in contents.observed:
         index = index_of(obs, commits)
         if index < 0:
             continue
         r = row(index)
         r["lifetimes"] += 1
-        verdict = str(obs.get("verdict", "")).lower()
         key = {"divergent": "divergent", "clean": "clean", "untestable": "untestable_lifetimes"}
-        r[key.get(verdict, "inconclusive")] += 1
-        detail = obs.get("detail")
-        r["_details"].append(detail if isinstance(detail, Mapping) else {})
-    for entry in contents.of_type("untestable"):
+        r[key.get(str(obs.verdict), "inconclusive")] += 1
+        r["_details"].append(obs.detail)
+    for entry in contents.refused:
         index = index_of(entry, commits)
         if index < 0:
             continue
         r = row(index)
         r["untestable"] = True
-        r["untestable_message"] = why(str(entry.get("message") or ""), commits)
+        r["untestable_message"] = why(entry.message, commits)
     out = []
     for index in sorted(rows):
         r = rows[index]
@@ -208,27 +205,27 @@ def untestables(contents: JournalContents, commits: Sequence[Mapping[str, Any]]
     first error of a dead server's log): ``untestable`` entries, then candidates whose every
     lifetime was UNTESTABLE."""
     out = []
-    for entry in contents.of_type("untestable"):
+    for entry in contents.refused:
         index = index_of(entry, commits)
-        sha = str(entry.get("commit", ""))
+        sha = entry.commit
         out.append({"sha": sha, "short": short_ref(sha), "index": index,
                     "name": name(commits[index]) if index >= 0 else short_ref(sha),
-                    "message": why(str(entry.get("message") or ""), commits),
-                    "full": _whole(str(entry.get("message") or ""), commits)})
+                    "message": why(entry.message, commits),
+                    "full": _whole(entry.message, commits)})
     listed = {u["sha"] for u in out}
-    by_index: dict[int, list[Mapping[str, Any]]] = {}
-    for obs in contents.observations:
+    by_index: dict[int, list[Observed]] = {}
+    for obs in contents.observed:
         index = index_of(obs, commits)
         if index >= 0:
             by_index.setdefault(index, []).append(obs)
     for index, seen in sorted(by_index.items()):
         sha = str(commits[index]["sha"])
-        if sha in listed or any(str(o.get("verdict")) != "untestable" for o in seen):
+        if sha in listed or any(o.verdict is not Verdict.UNTESTABLE for o in seen):
             continue
-        last = str(seen[-1].get("message") or "")
+        last = seen[-1].message
         out.append({"sha": sha, "short": short_ref(sha), "index": index,
                     "name": name(commits[index]), "message": why(last, commits),
                     "full": _whole(last, commits), "lifetimes": len(seen),
                     # the lifetime whose whole log says more (a server's, not the gate's)
-                    "log": seen[-1].get("lifetime_id") if "log tail" in last else None})
+                    "log": seen[-1].lifetime_id if "log tail" in last else None})
     return out

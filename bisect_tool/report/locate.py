@@ -17,6 +17,7 @@ from typing import Any
 
 from bisect_tool.designs.locate import counts_of
 from bisect_tool.journal import JournalContents
+from bisect_tool.journal.entries import Observed
 from bisect_tool.report import environment, evidence, reproduce
 from bisect_tool.report.controls import controls as controls_facts
 from bisect_tool.report.details import (
@@ -104,13 +105,13 @@ def build_locate_report(contents: JournalContents,
     files = _files(recipe)
     compiled = ", ".join(f"`{f}`" for f in files) or "compiled side"
     confidence = float((recipe.get("search") or {}).get("confidence") or 0.99)
-    observations = list(contents.observations)
+    observations = contents.observed
     counts = counts_of(observations)
     finding = conclude(counts, confidence)
     env = environment.merged(contents)
-    by_cell: dict[str, list[Mapping[str, Any]]] = {}
+    by_cell: dict[str, list[Observed]] = {}
     for obs in observations:
-        by_cell.setdefault(str(obs.get("cell")), []).append(obs)
+        by_cell.setdefault(obs.cell, []).append(obs)
     cells = []
     for cell in CELLS:
         c = counts[cell]
@@ -124,7 +125,7 @@ def build_locate_report(contents: JournalContents,
             "ran": len(by_cell.get(cell.key, [])),
         })
     lifetimes = evidence.lifetimes(contents, commits)
-    cell_of = {str(o.get("lifetime_id")): str(o.get("cell")) for o in observations}
+    cell_of = {o.lifetime_id: o.cell for o in observations}
     names = {c["key"]: c["name"] for c in cells}
     for lt in lifetimes:
         lt["cell"] = names.get(cell_of.get(str(lt["lifetime_id"]), ""), "?")

@@ -9,6 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bisect_tool.journal.entries import Observed, Refused
+
 SHORT = 7
 VLLM_URL = "https://github.com/vllm-project/vllm"
 _VLLM_REMOTE = re.compile(r"^(https?://|ssh://git@|git@)github\.com[:/]vllm-project/vllm(\.git)?/?$")
@@ -95,13 +97,11 @@ def lookup(by_sha: Mapping[str, dict[str, Any]], sha: str, repo_url: str) -> dic
     return commit_entry({"sha": sha}, -1, repo_url)
 
 
-def index_of(entry: Mapping[str, Any], commits: Sequence[Mapping[str, Any]]) -> int:
-    """The candidate an entry is about: its position, checked against its commit."""
-    pos = entry.get("position")
-    sha = str(entry.get("commit", ""))
-    if isinstance(pos, int) and 0 <= pos < len(commits) and (
-        not sha or commits[pos]["sha"] == sha
-    ):
+def index_of(entry: Observed | Refused, commits: Sequence[Mapping[str, Any]]) -> int:
+    """The candidate an entry is about: its position, checked against its commit (a journal
+    edited by hand, or a carried entry, may disagree: the commit wins)."""
+    pos, sha = entry.position, entry.commit
+    if 0 <= pos < len(commits) and (not sha or commits[pos]["sha"] == sha):
         return pos
     for c in commits:
         if sha and c["sha"] == sha:

@@ -12,6 +12,7 @@ from bisect_tool.journal import JournalContents
 from bisect_tool.kinds import narrowing as narrow_kind
 from bisect_tool.report.evidence import why
 from bisect_tool.report.names import index_of, name, num, rename, short_ref
+from bisect_tool.strategy.tiers import Tier
 
 _FIRST_OP = re.compile(r"(?:op (\S+) changed|candidate lacks op (\S+))")
 _MORE = re.compile(r"\(and (\d+) more(?:: (.*))?\)\s*$")
@@ -81,12 +82,12 @@ def narrowing(
         return None
     rows: dict[int, dict[str, Any]] = {}
     server: dict[int, list[int]] = {}
-    for obs in contents.observations:
+    for obs in contents.observed:
         index = index_of(obs, commits)
         if index < 0:
             continue
-        verdict = str(obs.get("verdict", "")).lower()
-        if obs.get("tier") != "narrow":
+        verdict = str(obs.verdict)
+        if obs.tier is not Tier.NARROW:
             counts = server.setdefault(index, [0, 0])
             counts[0] += verdict in ("divergent", "clean")  # the lifetimes that said something
             counts[1] += verdict == "divergent"
@@ -99,10 +100,9 @@ def narrowing(
         row["runs"] += 1
         row["divergent" if verdict == "divergent" else "clean" if verdict == "clean"
             else "untestable"] += 1
-        row["saw"] = why(str(obs.get("message") or ""), commits)
-        detail = obs.get("detail")
-        if isinstance(detail, Mapping) and detail.get("gate") is not None:
-            gate = rename(str(detail["gate"]), commits)
+        row["saw"] = why(obs.message, commits)
+        if obs.detail.get("gate") is not None:
+            gate = rename(str(obs.detail["gate"]), commits)
             row["gate"] = "ok" if gate == "ok" else gate_verdict(gate)
     for row in rows.values():
         row["verdict"] = ("DIVERGENT" if row["divergent"] else "CLEAN" if row["clean"]

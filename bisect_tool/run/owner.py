@@ -311,10 +311,9 @@ def _failure(obs: Observation) -> str | None:
 def _journal_causes(contents: journal_mod.JournalContents) -> set[str]:
     """The causes the journal already holds at ``REPEATS_TO_STOP`` candidates or more."""
     where: dict[str, set[str]] = {}
-    for entry in contents.observations:
-        obs = Observation(str(entry.get("commit", "")), Verdict(entry["verdict"]),
-                          str(entry.get("lifetime_id", "")), entry.get("detail") or {},
-                          str(entry.get("message") or ""))
+    for seen in contents.observed:
+        obs = Observation(seen.commit, seen.verdict, seen.lifetime_id, dict(seen.detail),
+                          seen.message)
         cause = failure_cause(obs)
         if cause:
             where.setdefault(cause, set()).add(obs.commit)
