@@ -171,7 +171,7 @@ def test_host_build_carries_the_session_label_so_a_killed_run_can_end_it(tmp_pat
     import textwrap
 
     from bisect_tool.runtime.children import end_labelled
-    from bisect_tool.runtime.local import _pids_with_env
+    from bisect_tool.runtime.local import pids_with_env
 
     repo, shas = project
     pid_file = tmp_path / "build.pid"
@@ -196,7 +196,7 @@ def test_host_build_carries_the_session_label_so_a_killed_run_can_end_it(tmp_pat
         driver.kill()  # kill -9 of the tool
         driver.wait()
     assert _running(build_pid)
-    assert build_pid in _pids_with_env("BISECT_SESSION", "sess-build-1")
+    assert build_pid in pids_with_env("BISECT_SESSION", "sess-build-1")
     assert end_labelled("sess-build-1") == 1
     for _ in range(100):
         if not _running(build_pid):

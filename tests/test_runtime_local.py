@@ -23,7 +23,7 @@ from bisect_tool.errors import BootFailed, IncompatibleExtension, RecipeError
 from bisect_tool.interfaces import LifetimeSpec, SwapSet
 from bisect_tool.recipes.recipe import RuntimeSettings
 from bisect_tool.runtime import LocalBackend, make_backend
-from bisect_tool.runtime.local import _pids_with_env
+from bisect_tool.runtime.local import pids_with_env
 
 
 def settings_for(site: Path, **over: object) -> RuntimeSettings:
@@ -152,7 +152,7 @@ def test_server_exiting_before_health_fails_fast_with_log_tail(
     assert "exited with code 3 before /health" in message
     assert "boom: cannot load kernels" in message
     assert list(overlays.iterdir()) == []
-    assert _pids_with_env("BISECT_SESSION", session) == []
+    assert pids_with_env("BISECT_SESSION", session) == []
 
 
 def test_server_never_healthy_fails_at_the_deadline_and_is_killed(
@@ -162,7 +162,7 @@ def test_server_never_healthy_fails_at_the_deadline_and_is_killed(
     spec = spec_for(session, kernel_libraries.same, env={"TEST_SERVER_MODE": "unhealthy"})
     with pytest.raises(BootFailed, match="not healthy after 1 s"), backend.lifetime(spec):
         pass
-    assert _pids_with_env("BISECT_SESSION", session) == []
+    assert pids_with_env("BISECT_SESSION", session) == []
 
 
 def test_server_ignoring_sigterm_is_killed(
@@ -271,7 +271,7 @@ def test_signal_to_the_tool_mid_lifetime_leaves_no_process(
     assert code != 0
     expected = "KeyboardInterrupt" if sig == signal.SIGINT else "terminated (SIGTERM)"
     assert expected in err
-    assert _pids_with_env("BISECT_SESSION", session) == []
+    assert pids_with_env("BISECT_SESSION", session) == []
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=5)
     assert list((tmp_path / "drivertmp").iterdir()) == []

@@ -252,7 +252,10 @@ def test_with_two_slots_the_first_lifetime_runs_beside_the_controls(tmp_path: Pa
     summary = _run_loop(path, rng, Scripted(), 2, Controls)
     assert met and summary["state"] == "done" and summary["flip_commit"] == shas[12]
     kinds = [e["type"] for e in read(path).entries]
-    assert "controls" in kinds[:3]  # journaled with the first lifetimes, before the rest
+    # journaled among the first lifetimes, not after the search: the lifetimes after the first
+    # take no time here, so how many land before the controls' entry is the scheduler's (3 of
+    # them did on 2 cores under 3 other test runs); before the search's second half is the rule
+    assert kinds.index("controls") <= len(kinds) // 2, kinds
 
 
 def test_controls_on_a_slot_of_their_own_leave_every_slot_to_the_lifetimes(

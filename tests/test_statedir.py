@@ -21,7 +21,7 @@ from gitrepos import Repo, linear, live_run, run_cli
 from bisect_tool import journal as journal_mod
 from bisect_tool.errors import ResetRefused, StateDirUnusable, UsageError
 from bisect_tool.run import statedir
-from bisect_tool.runtime.local import _pids_with_env
+from bisect_tool.runtime.local import pids_with_env
 
 N = 16
 FLIP = 11
@@ -142,7 +142,7 @@ def test_reset_of_a_copy_of_a_live_state_dir_leaves_the_live_probe_alone(
 ) -> None:
     proc, state, session = _live_run(repo, tmp_path)
     try:
-        probes = _pids_with_env("BISECT_SESSION", session)
+        probes = pids_with_env("BISECT_SESSION", session)
         assert probes
         copy = tmp_path / "copy"
         subprocess.run(["cp", "-a", str(state), str(copy)], check=True)
@@ -153,7 +153,7 @@ def test_reset_of_a_copy_of_a_live_state_dir_leaves_the_live_probe_alone(
         assert not copy.exists()
         assert proc.poll() is None
         assert all(Path(f"/proc/{p}").exists() for p in probes), "the live run's probe was killed"
-        assert _pids_with_env("BISECT_SESSION", session) == probes
+        assert pids_with_env("BISECT_SESSION", session) == probes
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)

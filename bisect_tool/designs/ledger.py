@@ -163,7 +163,9 @@ class TierTimes:
 
 @dataclass
 class Ledger:
-    """The search rebuilt from a journal.
+    """The search rebuilt from a journal: ``replay`` builds it, ``apply`` counts each entry
+    after it is journaled, and nothing else changes it (the designs read it; what they hand
+    out but the journal does not hold yet, they pass along themselves).
 
     ``strategy`` is the faithful search (the recipe's own probe: server lifetimes, a ``--run``
     command, manual verdicts). A tiered recipe (``[probe] narrow``) also has ``narrow``, the

@@ -53,7 +53,8 @@ ControlsFor = Callable[[str], ControlsRunner | None]
 BACKGROUND_WORKERS = 8
 
 
-def _no_controls(_commit: str) -> None:
+def no_controls(_commit: str) -> None:
+    """The controls runner of a probe that has no controls (``Engine``'s default)."""
     return None
 
 
@@ -88,7 +89,7 @@ class Engine:
         arms: Mapping[str, Evaluator],
         *,
         parallel: int = 1,
-        controls_for: ControlsFor = _no_controls,
+        controls_for: ControlsFor = no_controls,
         observer: Observer = ignore,
         capacity: Callable[[], int] | None = None,
     ) -> None:

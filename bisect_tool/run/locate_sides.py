@@ -22,13 +22,9 @@ from bisect_tool.events import Note, Observer, ignore, notes_to
 from bisect_tool.interfaces import Evaluator
 from bisect_tool.range import Candidate
 from bisect_tool.recipes.recipe import Recipe
-from bisect_tool.run.engine import ControlsFor
+from bisect_tool.run.engine import ControlsFor, no_controls
 from bisect_tool.strategy.matrix import Side
 from bisect_tool.values import short
-
-
-def _no_controls(_commit: str) -> None:
-    return None
 
 
 def _no_facts() -> dict[str, Any]:
@@ -44,7 +40,7 @@ class Sides:
 
     arms: Mapping[str, Evaluator]
     slots: int = 1
-    controls_for: ControlsFor = _no_controls
+    controls_for: ControlsFor = no_controls
     environment: Callable[[], Mapping[str, Any]] = field(default=_no_facts)
 
 

@@ -30,7 +30,7 @@ from bisect_tool.kinds import op as op_kind
 from bisect_tool.kinds import server as server_kind
 from bisect_tool.range.newer_tests import NewerTests
 from bisect_tool.recipes.recipe import ProbeSettings, Recipe, RuntimeSettings
-from bisect_tool.run.engine import ControlsFor, ControlsRunner, _no_controls
+from bisect_tool.run.engine import ControlsFor, ControlsRunner, no_controls
 from bisect_tool.runtime.gpus import GpuPool, profiles_free_memory
 from bisect_tool.runtime.sizing import ReadCards, read_cards, size
 from bisect_tool.strategy.tiers import Tier
@@ -43,13 +43,13 @@ if TYPE_CHECKING:
 class Evaluators:
     """What a recipe's run evaluates with: its own probe (``faithful``), the fast stand-in that
     narrows first (``narrow``, for ``[probe] narrow``), how many lifetimes run at once, and a
-    factory for the controls runner of a commit (``_no_controls``: this probe has none);
+    factory for the controls runner of a commit (``no_controls``: this probe has none);
     ``controls_beside``: the controls' servers have GPU slots of their own, beside the
     ``parallel`` lifetimes' (``[runtime] controls_own_slot``)."""
 
     faithful: Evaluator
     parallel: int = 1
-    controls_for: ControlsFor = _no_controls
+    controls_for: ControlsFor = no_controls
     narrow: Evaluator | None = None
     controls_beside: bool = False
     #: how many lifetimes may run at once now, at most ``parallel`` (the GPU pool's size falls
@@ -58,7 +58,7 @@ class Evaluators:
 
     @property
     def has_controls(self) -> bool:
-        return self.controls_for is not _no_controls
+        return self.controls_for is not no_controls
 
     def arms(self) -> dict[str, Evaluator]:
         """The evaluators by the name a design's items give (``designs.bisect``)."""

@@ -181,10 +181,10 @@ def end_labelled(session: str, keep: Collection[int] = ()) -> int:
     """SIGKILL the process groups whose members carry ``BISECT_SESSION=session`` (a --run probe
     whose group record was lost); how many groups."""
     from bisect_tool.labels import ENV_SESSION
-    from bisect_tool.runtime.local import _pids_with_env
+    from bisect_tool.runtime.local import pids_with_env
 
     groups = set()
-    for pid in _pids_with_env(ENV_SESSION, session):
+    for pid in pids_with_env(ENV_SESSION, session):
         group = _pgrp(pid)
         if group is not None and group not in keep:
             groups.add(group)
@@ -195,14 +195,14 @@ def end_carrying(label: Mapping[str, str]) -> set[int]:
     """SIGKILL the process groups of the processes whose environment carries every entry of
     ``label`` (a probe's members that left its process group: ``setsid``, a daemon); the groups.
     The tool's own group is never one of them."""
-    from bisect_tool.runtime.local import _pids_with_env
+    from bisect_tool.runtime.local import pids_with_env
 
     if not label:
         return set()
     wanted = {f"{k}={v}".encode() for k, v in label.items()}
     name, value = next(iter(label.items()))
     groups = set()
-    for pid in _pids_with_env(name, value):
+    for pid in pids_with_env(name, value):
         try:
             env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
         except OSError:

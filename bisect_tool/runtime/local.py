@@ -281,7 +281,7 @@ class LocalBackend(Backend[_Server]):
         mine = {s.proc.pid for s in self._live.values()}
         own_group = os.getpgrp()
         groups: set[int] = set()
-        for pid in _pids_with_env(ENV_SESSION, session):
+        for pid in pids_with_env(ENV_SESSION, session):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 group = os.getpgid(pid)
                 if group != own_group and group not in mine:
@@ -310,7 +310,7 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
-def _pids_with_env(name: str, value: str | None) -> list[int]:
+def pids_with_env(name: str, value: str | None) -> list[int]:
     """Processes of this user whose environment sets ``name`` (to ``value`` when given)."""
     wanted = f"{name}={value}".encode() if value is not None else f"{name}=".encode()
     found: list[int] = []

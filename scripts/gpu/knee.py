@@ -11,13 +11,15 @@ probe. Printed per n, and written to DIR/knee.tsv: how many lifetimes reached th
 co-residency in every repeat, the least and median peak co-residency, the mean boot and probe
 seconds, the round's wall time, lifetimes per hour at that count (n x 3600 / round seconds),
 and the memory each server held (nvidia-smi, used memory over the round's peak / n). Nothing
-backs off while it measures. Run by scripts/gpu/knee.sh on the GPU machine.
+backs off while it measures. Each lifetime's verdict, message and probe detail go to
+DIR/lifetimes.jsonl. Run by scripts/gpu/knee.sh on the GPU machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import subprocess
 import sys
@@ -108,6 +110,11 @@ def one_round(recipe: Any, gpus: list[str], n: int, log_dir: Path) -> dict[str, 
     finally:
         backend.close()
     wall = time.monotonic() - started
+    # each lifetime's verdict, message and probe detail, one line each (the table keeps counts)
+    with (log_dir.parent / "lifetimes.jsonl").open("a") as f:
+        for i, r in enumerate(results):
+            f.write(json.dumps({"servers": n, "lifetime": i, "verdict": str(r.verdict),
+                                "message": r.message, "detail": r.detail}, default=str) + "\n")
     peaks = [min((p for p in r.detail.get("coresidency_per_repeat") or [] if p is not None),
                  default=0) for r in results]
     target = int(results[0].detail.get("target_coresidency") or 0)
