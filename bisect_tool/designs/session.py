@@ -450,7 +450,8 @@ def narrow_strategy(size: int, direction: Direction, settings: SearchSettings) -
         direction,
         costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
         confidence=settings.confidence,
-        priors=narrow_priors(settings.end_doubt),
+        priors=dataclasses.replace(narrow_priors(settings.end_doubt),
+                                   clean_against_rate=settings.clean_against_rate),
         deterministic=True,
     )
 
@@ -470,7 +471,8 @@ def replay(contents: JournalContents) -> State:
             Direction(header["direction"]),
             costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
             confidence=settings.confidence,
-            priors=Priors(end_doubt=settings.end_doubt),
+            priors=Priors(end_doubt=settings.end_doubt,
+                          clean_against_rate=settings.clean_against_rate),
         )
 
     state = State(header, candidates, new_strategy(), settings, {}, set())
