@@ -36,6 +36,10 @@ def _recipe(tmp_path: Path, body: str | bytes) -> Path:
 @pytest.mark.parametrize("body, says", [
     ('[search]\nend_doubt = 2.0\n', "'search.end_doubt' must be in [0, 0.5), got 2.0"),
     ('[search]\nend_doubt = 0.5\n', "'search.end_doubt' must be in [0, 0.5), got 0.5"),
+    ('[search]\nclean_against_rate = 0\n',
+     "'search.clean_against_rate' must be in (0, 1), got 0.0; give the lowest share of lifetimes"),
+    ('[search]\nclean_against_rate = 1.0\n',
+     "'search.clean_against_rate' must be in (0, 1), got 1.0; give the lowest share"),
     ('[search]\nconfidence = nan\n', "'search.confidence' must be a finite number, got nan"),
     ('[search]\ncost_lifetime = inf\n', "'search.cost_lifetime' must be a finite number"),
     ('[probe]\nkind = "serve"\n', "'probe.kind' must be one of 'server', 'op', got 'serve'"),

@@ -119,6 +119,24 @@ def ends_options(
     return wrap
 
 
+def clean_against_option(fn: Callable[..., None]) -> Callable[..., None]:
+    """``--clean-against RATE``: the recipe's ``[search] clean_against_rate`` (``start``,
+    ``plan``, ``simulate``); None: the recipe's value (0.5 unless it says)."""
+    from bisect_tool.clitypes import Finite
+
+    return click.option(
+        "--clean-against", "clean_against", type=Finite(0, 1, min_open=True, max_open=True),
+        default=None, metavar="RATE",
+        help="Before a commit is named, the good end and the commit next to the flip must run "
+        "clean often enough that a bug there in RATE of lifetimes or more would have shown "
+        "(default 0.5; a rarer one is caught only where it shows, and the answer says so). "
+        "It costs ceil(log(1 - 0.995) / log(1 - RATE)) clean lifetimes at the good end at "
+        "--confidence 0.99, a few more next to the flip: 8 and 9 at 0.5, 15 and 17 at 0.3, "
+        "33 and 37 at 0.15. Set it when the bug may show earlier at a lower rate (a later "
+        "commit making it worse). The recipe's [search] clean_against_rate.",
+    )(fn)
+
+
 def gpu_list(gpus: str | None) -> tuple[str, ...] | None:
     """``--gpus 0,1,2``; None when not given (the recipe's stand)."""
     return tuple(g for g in gpus.split(",") if g) if gpus else None

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from bisect_tool.cli.common import clean_against_option
 from bisect_tool.clitypes import Finite
 from bisect_tool.designs.simulate import (
     GRID_FLAKY_GOOD_END,
@@ -20,6 +21,7 @@ from bisect_tool.designs.simulate import (
 )
 from bisect_tool.errors import UsageError
 from bisect_tool.strategy import Costs
+from bisect_tool.strategy.ends import CLEAN_AGAINST_RATE
 
 
 class RateStep(click.ParamType):
@@ -68,6 +70,7 @@ class RateStep(click.ParamType):
               default=None, metavar="RATE",
               help="The good end shows the bug in this share of its lifetimes, a flip inside "
                    "the range at --p: the search must say the good end is not good.")
+@clean_against_option
 @click.option("--tiered", is_flag=True,
               help="Also run the tiered search: a deterministic fast probe narrows, lifetimes "
                    "confirm on both sides of its flip.")
@@ -93,6 +96,7 @@ def simulate_command(
     good_end_bad: bool,
     rate_step: tuple[int, float, int] | None,
     flaky_good_end: float | None,
+    clean_against: float | None,
     tiered: bool,
     narrow_cost: float,
     stand_in_wrong: bool,
@@ -110,7 +114,7 @@ def simulate_command(
         return simulate(
             n, rate_p, rate_q, count, confidence=confidence, costs=costs, repeats=repeats,
             seed=seed, tiered=tiered or stand_in_wrong, narrow_cost=narrow_cost,
-            stand_in_wrong=stand_in_wrong, **shape,
+            stand_in_wrong=stand_in_wrong, clean_against_rate=clean_against, **shape,
         )
 
     if not grid:
@@ -151,6 +155,8 @@ def format_result(r: SimulationResult) -> str:
         f" ({r.shape})" if r.shape else "")
     lines = [
         f"N={r.candidates} p={r.p:g} q={r.q:g} trials={r.trials} confidence={r.confidence:g}"
+        + (f" clean-against={r.clean_against_rate:g}"
+           if r.clean_against_rate != CLEAN_AGAINST_RATE else "")
         + cell,
         f"{'strategy':<14}{'accuracy':>9}{'95% interval':>15}{'wrong':>7}{'no answer':>10}"
         f"{'mean evals':>12}{'p95 evals':>11}{'mean cost':>11}",

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from bisect_tool.cli.common import (
+    clean_against_option,
     ends_options,
     gpu_list,
     journal_path,
@@ -67,6 +68,7 @@ from bisect_tool.run.request import ReleaseRequest, StartRequest
 @click.option(
     "--max-evaluations", type=click.IntRange(min=1), default=None, help="Budget of lifetimes."
 )
+@clean_against_option
 @click.option("--backend", type=click.Choice(["local", "docker", "ray"]), default=None)
 @click.option("--ray-address", default=None, help="Ray cluster for --backend ray (HOST:PORT).")
 @click.option("--gpus", default=None, help="GPUs for lifetimes, e.g. 0,1,2,3.")
@@ -145,6 +147,7 @@ def start(
     mainline: str | None,
     confidence: float | None,
     max_evaluations: int | None,
+    clean_against: float | None,
     backend: str | None,
     ray_address: str | None,
     gpus: str | None,
@@ -193,6 +196,7 @@ def start(
             search={
                 "confidence": confidence, "max_evaluations": max_evaluations,
                 "cost_new_candidate": cost_new, "cost_lifetime": cost_lifetime,
+                "clean_against_rate": clean_against,
             },
             runtime={
                 "backend": backend, "python": python_exe, "pinned_package_dir": pinned_dir,
@@ -216,7 +220,8 @@ def start(
         run_timeout=run_timeout,
         paths=paths,
         mainline=mainline,
-        search_overrides=_search_overrides(confidence, max_evaluations, cost_new, cost_lifetime),
+        search_overrides=_search_overrides(confidence, max_evaluations, cost_new, cost_lifetime,
+                                           clean_against),
         deterministic=deterministic,
         command=("bisect", *sys.argv[1:]),
         releases=release_request,
@@ -307,7 +312,8 @@ def _check_run_command(run_command: str | None) -> None:
 
 
 def _search_overrides(*values: float | int | None) -> dict[str, object]:
-    names = ("confidence", "max_evaluations", "cost_new_candidate", "cost_lifetime")
+    names = ("confidence", "max_evaluations", "cost_new_candidate", "cost_lifetime",
+             "clean_against_rate")
     return {n: v for n, v in zip(names, values, strict=True) if v is not None}
 
 

@@ -454,7 +454,8 @@ def narrow_strategy(size: int, direction: Direction, settings: SearchSettings) -
         direction,
         costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
         confidence=settings.confidence,
-        priors=narrow_priors(settings.end_doubt),
+        priors=dataclasses.replace(narrow_priors(settings.end_doubt),
+                                   clean_against_rate=settings.clean_against_rate),
         deterministic=True,
     )
 
@@ -477,7 +478,11 @@ def replay(contents: JournalContents, priors: Priors | None = None) -> Ledger:
             Direction(header["direction"]),
             costs=Costs(settings.cost_new_candidate, settings.cost_lifetime),
             confidence=settings.confidence,
-            priors=priors or Priors(end_doubt=settings.end_doubt),
+            priors=(Priors(end_doubt=settings.end_doubt,
+                           clean_against_rate=settings.clean_against_rate) if priors is None
+                    # the what-if's p and q, the run's own floor
+                    else dataclasses.replace(
+                        priors, clean_against_rate=settings.clean_against_rate)),
         )
 
     state = Ledger(header, candidates, new_strategy(), settings, {}, set())

@@ -356,8 +356,8 @@ def suspect(state: Ledger) -> tuple[int, str] | None:
     end
     once it showed the bug (a false alarm, or not a good end?), at once; once the flip holds
     under the model, the good end and the good-side candidate next to the flip until each ran
-    clean often enough to rule out a bug at half the lifetimes or more; then whichever check
-    still keeps the answer below the asked confidence. Each gets at most
+    clean often enough to rule out a bug at the run's ``clean_against_rate`` or more; then
+    whichever check still keeps the answer below the asked confidence. Each gets at most
     ``suspect_lifetimes``; the stop rules say the rest. None: the search's own choice."""
     s = state.strategy.summary()
     _, good = s.ends
@@ -371,8 +371,13 @@ def suspect(state: Ledger) -> tuple[int, str] | None:
         return None
     for position in clean_not_earned(s):
         which = "the good end" if position == good else "the commit next to the flip"
-        return position, (f"{which} must keep running clean: a bug there at half the lifetimes "
-                          "would have shown")
+        rate = percent(s.priors.clean_against_rate)
+        if s.divergent[position]:  # the flip's neighbour, held to the floor all the same
+            return position, (f"{which} showed the bug in {s.divergent[position]} of "
+                              f"{s.total[position]} lifetimes: more of them, until a bug there "
+                              f"in {rate} of lifetimes or more is ruled out")
+        return position, (f"{which} must keep running clean: a bug there in {rate} of "
+                          "lifetimes or more would have shown")
     seen = doubts(s)
     check = seen.good_side
     if seen.held(s.confidence) >= s.threshold:

@@ -58,6 +58,7 @@ from bisect_tool.errors import UsageError
 from bisect_tool.journal import JournalContents
 from bisect_tool.kinds import narrowing
 from bisect_tool.strategy import Costs, Priors
+from bisect_tool.strategy.ends import CLEAN_AGAINST_RATE
 from bisect_tool.strategy.simhistories import (
     History,
     Lifetimes,
@@ -87,8 +88,8 @@ GRID_GOOD_END_BAD = ((64, 0.3, 0.01), (64, 0.5, 0.01), (64, 1.0, 0.0), (512, 0.5
 #: itself shows it). Naming b, or anything but a, is wrong; stopping without an answer is not
 #: The first three hold the search to <= 1 % wrong (a lower rate of one half or more: the good
 #: end and the commit next to the flip run clean 8 and 9 times, bisect_tool.strategy.ends); the
-#: last two show
-#: what it cannot hold cheaply, rates of 0.3 and 0.15, caught only where they show.
+#: last two show what the default floor (0.5) cannot hold, rates of 0.3 and 0.15, caught only
+#: where they show; ``--clean-against`` at their rate holds them (docs/simulate-grid.txt).
 GRID_RATE_STEP = ((30, 17, 0.5, 26, 1.0, 0.0), (64, 30, 0.5, 34, 0.8, 0.01),
                   (64, 0, 0.5, 32, 1.0, 0.0), (64, 20, 0.3, 40, 1.0, 0.01),
                   (30, 17, 0.15, 26, 1.0, 0.0))
@@ -129,14 +130,19 @@ def search_header(
     costs: Costs | None = None,
     budget: int | None = None,
     narrow: bool = False,
+    clean_against_rate: float | None = None,
 ) -> dict[str, Any]:
     """The journal header a run over ``history``'s candidates starts from: a recipe run with
-    the product's search settings but those given (``narrow``: an op check narrows first)."""
+    the product's search settings but those given (``narrow``: an op check narrows first;
+    ``clean_against_rate``: the recipe's ``[search] clean_against_rate``, as
+    ``--clean-against`` sets it on a real run)."""
     costs = costs or Costs()
     search: dict[str, Any] = {"confidence": confidence, "cost_new_candidate": costs.new_candidate,
                               "cost_lifetime": costs.lifetime}
     if budget is not None:
         search["max_evaluations"] = budget
+    if clean_against_rate is not None:
+        search["clean_against_rate"] = clean_against_rate
     recipe: dict[str, Any] = {"search": search}
     if narrow:
         recipe["probe"] = {"narrow": narrowing(None).name}
@@ -283,6 +289,9 @@ class SimulationResult:
     good_end_bad: bool = False
     #: the history's shape in a few words ("" for one flip at p; see ``History.shape``)
     shape: str = ""
+    #: the rate the good end and the commit next to the flip ran clean against (the header's
+    #: ``[search] clean_against_rate``; 0.5 unless set)
+    clean_against_rate: float = CLEAN_AGAINST_RATE
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -294,6 +303,7 @@ class SimulationResult:
             "bayes_reported_confidence": self.bayes_reported_confidence,
             "good_end_bad": self.good_end_bad,
             "shape": self.shape,
+            "clean_against_rate": self.clean_against_rate,
             "lower_bound": asdict(self.lower_bound),
             "strategies": {k: asdict(v) for k, v in self.strategies.items()},
         }
@@ -327,6 +337,7 @@ class _Settings:
     tiered: bool = False
     narrow_cost: float = 0.1
     stand_in_wrong: bool = False
+    clean_against_rate: float | None = None  # None: the recipe's default
 
 
 def _history(s: _Settings, rng: np.random.Generator) -> History:
@@ -367,7 +378,8 @@ def _trial(args: tuple[_Settings, int]) -> tuple[dict[str, _Row], float | None]:
                 fast = Lifetimes(step(s.n, fast_flip, 1.0, 0.0, history.direction),
                                  np.random.default_rng(stream + 1))
             header = search_header(history, confidence=s.confidence, costs=s.costs,
-                                   budget=s.budget, narrow=fast is not None)
+                                   budget=s.budget, narrow=fast is not None,
+                                   clean_against_rate=s.clean_against_rate)
             run = run_design(header, h, fast=fast, priors=s.priors)
             outcome = run.outcome
             if name == "bayes" and run.end is EndState.DONE:
@@ -418,12 +430,14 @@ def simulate(
     tiered: bool = False,
     narrow_cost: float = 0.1,
     stand_in_wrong: bool = False,
+    clean_against_rate: float | None = None,
 ) -> SimulationResult:
     """``trials`` random histories searched by every strategy: one flip uniform in 1..N at p
     and q, or the shape asked (``good_end_bad``; ``rate_step_at`` = (a, p1, b): a regression
     whose bug shows at p1 from position a and at p from b, positions counted from the good end;
     ``flaky_good_end_rate``: the good end at that rate, a flip uniform in 1..N at p).
     ``budget``: the search's lifetimes (the product's ``max_evaluations`` unless given).
+    ``clean_against_rate``: the header's ``[search] clean_against_rate`` (None: the default).
 
     Trials run in ``processes`` worker processes (default: one per CPU); each trial's seed comes
     from ``seed`` alone, so the result does not depend on how many processes ran it.
@@ -445,8 +459,10 @@ def simulate(
         shape = ("rate step", ((a, p1), (b, p)))
     elif flaky_good_end_rate is not None:
         shape = ("flaky good end", (flaky_good_end_rate,))
+    if clean_against_rate is not None and not 0 < clean_against_rate < 1:
+        raise UsageError("--clean-against must be in (0, 1)")
     settings = _Settings(n, p, q, costs, confidence, repeats, budget, priors, shape, tiered,
-                         narrow_cost, stand_in_wrong)
+                         narrow_cost, stand_in_wrong, clean_against_rate)
     seeds = [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(trials)]
     work = [(settings, s) for s in seeds]
     processes = processes or os.cpu_count() or 1
@@ -472,4 +488,6 @@ def simulate(
         bayes_reported_confidence=float(np.mean(stated)) if stated else 0.0,
         good_end_bad=good_end_bad,
         shape=first.shape,
+        clean_against_rate=(CLEAN_AGAINST_RATE if clean_against_rate is None
+                            else clean_against_rate),
     )

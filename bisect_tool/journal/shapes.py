@@ -25,7 +25,7 @@ _TIERS = {str(t) for t in Tier}
 _PHASES = {str(p) for p in Phase}
 _SEARCH_NUMBERS = ("confidence", "lifetimes_per_candidate", "max_evaluations",
                    "max_end_lifetimes", "cost_new_candidate", "cost_lifetime", "end_doubt",
-                   "stand_in_prior")
+                   "stand_in_prior", "clean_against_rate")
 
 
 class ShapeError(ValueError):
@@ -82,6 +82,8 @@ def _check_search_number(key: str, v: Any) -> None:
         raise ShapeError(f"has a non-numeric search setting '{key}'")
     if key == "confidence" and not 0 < v < 1:
         raise ShapeError("has a search confidence outside (0, 1)")
+    if key == "clean_against_rate" and not 0 < v < 1:
+        raise ShapeError("has a search clean_against_rate outside (0, 1)")
     if key != "confidence" and v < 0:
         raise ShapeError(f"has a negative search setting '{key}'")
     if (key == "end_doubt" and v >= 0.5) or (key == "stand_in_prior" and v >= 1):

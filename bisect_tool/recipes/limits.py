@@ -63,6 +63,8 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "stand_in_prior": Bound(0, 1, high_open=True),
         # each end's doubt; 0.5 or more leaves no prior mass for any flip inside the range
         "end_doubt": Bound(0, 0.5, high_open=True),
+        # 0 would need endless clean lifetimes; 1 rules out nothing but a bug in every one
+        "clean_against_rate": PROBABILITY,
     },
     "artifacts": {
         "build_timeout_s": POSITIVE,
@@ -96,6 +98,14 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "row_counts": AT_LEAST_1,
         "timeout_s": AT_LEAST_0,
     },
+}
+
+
+#: what to give instead, where the range alone does not say it
+HINTS: dict[tuple[str, str], str] = {
+    ("search", "clean_against_rate"): (
+        "give the lowest share of lifetimes a bug before the flip may show in: 0.5 (the "
+        "default) costs 8 clean lifetimes at the good end, 0.15 costs 33"),
 }
 
 
@@ -140,8 +150,10 @@ def check_section(source: str, section: str, values: Mapping[str, Any]) -> None:
             if isinstance(item, int | float) and not isinstance(item, bool) and not bound.holds(
                 float(item)
             ):
+                hint = HINTS.get((section, key))
                 raise RecipeError(
                     f"{source}: '{section}.{key}' must be {bound.describe()}, got {item}"
+                    + (f"; {hint}" if hint else "")
                 )
     per_gpu = values.get("lifetimes_per_gpu", "auto") if section == "runtime" else "auto"
     if isinstance(per_gpu, bool) or not isinstance(per_gpu, int | str) or (

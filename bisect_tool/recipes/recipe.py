@@ -231,6 +231,11 @@ class SearchSettings:
     # prior probability that the fast probe ([probe] narrow) flips where the faithful probe
     # does; the confirm step's lifetimes must hold the confidence under it (tiers.py)
     stand_in_prior: float = 0.5
+    # the rate the good end and the commit next to the flip must run clean against before a
+    # commit is named: a bug there in this share of lifetimes or more would have shown at the
+    # stop threshold (8 and 9 clean lifetimes at 0.5; 33 and 37 at 0.15: lower costs more);
+    # a rarer one is caught only where it shows (bisect_tool/strategy/ends.py)
+    clean_against_rate: float = 0.5
 
 
 @dataclass(frozen=True)

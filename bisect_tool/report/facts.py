@@ -23,6 +23,7 @@ from typing import Any
 from bisect_tool.errors import StateError
 from bisect_tool.journal import JournalContents
 from bisect_tool.kinds import COMMAND, DEFAULT, find
+from bisect_tool.recipes.recipe import SearchSettings
 from bisect_tool.report import (
     causes,
     confidence,
@@ -244,12 +245,17 @@ def _checks(end: Mapping[str, Any] | None, by_sha: Mapping[str, Mapping[str, Any
     def called(sha: object) -> str:
         return name(by_sha[str(sha)]) if str(sha) in by_sha else short_ref(str(sha))
 
-    rate = float(raw.get("clean_against_rate") or 0.5)
+    default = SearchSettings().clean_against_rate
+    rate = float(raw.get("clean_against_rate") or default)
+    # the setting in words where the run set it (the recipe's [search] clean_against_rate,
+    # --clean-against); absent at the default
+    setting = {} if rate == default else {"clean_against_setting": f"--clean-against {rate:g}"}
     return {"good_end_not_good": num(raw.get("good_end_not_good")),
             "good_side_doubt": num(raw.get("good_side_doubt")),
             "good_side_diverged": [{"name": called(sha), "divergent": int(d), "lifetimes": int(t)}
                                    for sha, d, t in raw.get("good_side_diverged") or []],
             "clean_against_rate": rate,
+            **setting,
             "clean": [{"name": called(sha), "clean": int(n), "chance": num((1 - rate) ** int(n))}
                       for sha, n in raw.get("clean") or []]}
 

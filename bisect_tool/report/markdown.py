@@ -67,8 +67,9 @@ def _seen_sentence(report: Mapping[str, Any]) -> str:
                      f"{plural(int(b['divergent']) + int(b['clean']), 'lifetime')}")
     if near:
         n = near["clean"] + near["divergent"]
+        setting = (report["answer"].get("checks") or {}).get("clean_against_setting", "")
         parts.append(f"{near['name']} was clean in {near['clean']} of {n}"
-                     f"{_rules_out(near['clean'], sure['asked'])}" if not
+                     f"{_rules_out(near['clean'], sure['asked'], setting)}" if not
                      near["divergent"] else f"{near['name']} in {near['divergent']} of {n}")
     if not parts:
         return ""
@@ -78,15 +79,17 @@ def _seen_sentence(report: Mapping[str, Any]) -> str:
     return " " + "; ".join(parts) + f"; {held}."
 
 
-def _rules_out(clean: int, asked: float) -> str:
+def _rules_out(clean: int, asked: float, setting: str = "") -> str:
     """What ``clean`` clean lifetimes in a row rule out at the asked confidence: a bug there in
     r of the lifetimes or more, (1 - r)^clean = 1 - asked. A rarer one is not ruled out: a bug
-    that a later commit made worse would be named at that commit (issue 38)."""
+    that a later commit made worse would be named at that commit (issue 38). ``setting``: the
+    run's floor in words where it is not the default (``--clean-against 0.15``)."""
     if clean <= 0:
         return ""
     rate = 1 - (1 - asked) ** (1 / clean)
+    held = f"; held to {setting}" if setting else ""
     return (f" (which rules out, at {asked:.0%}, a bug there in {rate:.0%} of lifetimes or "
-            "more; not a rarer one)")
+            f"more; not a rarer one{held})")
 
 
 def _answer_line(report: Mapping[str, Any]) -> list[str]:
@@ -289,6 +292,8 @@ def _check_rows(checks: Mapping[str, Any] | None) -> list[list[str]]:
     seen = ", ".join(f"{d['name']} in {d['divergent']} of {d['lifetimes']}"
                      for d in checks["good_side_diverged"]) or "none"
     rate = percent(checks["clean_against_rate"])
+    if checks.get("clean_against_setting"):
+        rate += f" ({checks['clean_against_setting']})"
     return [["The good end shows the bug after all (at the bad side's rate or one of its own)",
              percent(checks["good_end_not_good"])],
             [f"The good side of the flip shows it at a rate of its own (divergent there: {seen})",

@@ -24,16 +24,29 @@ neither, and the model named a commit in them with confidence (issues 30 and 38)
 - **Too few clean lifetimes to tell.** Neither check can see a bug that has not shown yet: a
   good end failing half its lifetimes was accepted after one clean lifetime in 4 of 14 runs
   (issue 38). So before a commit is named the good end must run clean 8 times: were it buggy
-  at rate ``CLEAN_AGAINST_RATE`` (one half) or more, it would have shown it with 0.996, the
-  search's stop threshold when 0.99 is asked (``strategy.stop_threshold``); and the good-side
-  candidate next to the flip 9 times (0.998): on its way down a stretch that shows the bug at a
-  lower rate the search may try the flip's neighbour more than once. ``bisect simulate``, 1,000
-  runs a cell: 7 and 7 left 1.4-1.6 % wrong in the flaky-good-end and rate-step cells, 8 and 8
-  still 1.3 % in the rate step at issue 38's positions, 8 and 9 0.2-0.7 %. The report states
-  it; lower rates are caught only where they show (``bisect simulate`` measures both).
+  at the floor ``Priors.clean_against_rate`` (one half, ``CLEAN_AGAINST_RATE``, unless the
+  run sets it) or more, it would have shown it with 0.996, the search's stop threshold when
+  0.99 is asked (``strategy.stop_threshold``); and the good-side candidate next to the flip 9
+  times (0.998): on its way down a stretch that shows the bug at a lower rate the search may
+  try the flip's neighbour more than once. ``bisect simulate``, 1,000 runs a cell: 7 and 7
+  left 1.4-1.6 % wrong in the flaky-good-end and rate-step cells, 8 and 8 still 1.3 % in the
+  rate step at issue 38's positions, 8 and 9 0.2-0.7 %. The report states it; lower rates are
+  caught only where they show (``bisect simulate`` measures both).
+- **The floor is the run's own.** A user who suspects a rarer bug before the flip sets it
+  (``[search] clean_against_rate``, ``--clean-against``; the journal's header keeps it, so
+  ``resume`` and ``report`` hold the same rule): 33 and 37 clean lifetimes at 0.15, 15 and 17
+  at 0.3. A floor alone did not hold issue 38's 0.15 (51 of 300 simulated runs wrong): the
+  commit next to the flip showed the bug once in 17-30 lifetimes and was let off, the good
+  side's check taking one divergence for a false alarm (its rate prior, Beta(2, 1), leans
+  high). So the commit next to the flip, once it showed the bug, must also rule out the floor
+  (``rate_ruled_out``: so few divergences in so many lifetimes 0.25 % of the time at most; one
+  in 52 at 0.15, one in 13 at 0.5): 0 of 300 wrong (4 of 1,000), and 2 of 300 (9 of 1,000)
+  for 0.3 beside false alarms (docs/simulate-grid.txt, 2026-12-07). At the default it changed
+  no measured cell.
 
 These hold the plain search (``designs.phases.stop``); the tiered search's confirm step is not
-held to the last two: its answer rests on the fast probe's flip as well
+held to the good side's check nor to the clean lifetimes and their floor: its answer rests on
+the fast probe's flip as well
 (``bisect_tool.strategy.tiers``).
 """
 
@@ -163,32 +176,52 @@ def good_side_check(s: Summary) -> GoodSideCheck:
     return GoodSideCheck(doubt, through, nearest, diverged)
 
 
-#: the rate the good end and the good side's candidate next to the flip must stay clean against
-#: before an answer is given: a bug shown there at half the lifetimes or more is caught at the
-#: asked confidence (issue 38: a good end failing half its lifetimes, accepted after one clean)
+#: the default rate the good end and the good side's candidate next to the flip must stay clean
+#: against before an answer is given (``Priors.clean_against_rate``, the recipe's ``[search]
+#: clean_against_rate``, ``--clean-against``): a bug shown there at half the lifetimes or more
+#: is caught at the asked confidence (issue 38: a good end failing half its lifetimes, accepted
+#: after one clean)
 CLEAN_AGAINST_RATE = 0.5
 
 
 def clean_lifetimes_needed(share: float, rate: float = CLEAN_AGAINST_RATE) -> int:
     """Clean lifetimes after which a candidate that shows the bug at ``rate`` would have shown
-    it with probability ``share`` at least: 8 at 0.995 and 0.5 ((1/2)^8 = 0.4 %)."""
+    it with probability ``share`` at least: 8 at 0.995 and 0.5 ((1/2)^8 = 0.4 %), 33 at 0.15."""
     return math.ceil(math.log(1 - share) / math.log(1 - rate) - 1e-9)
 
 
 def clean_not_earned(s: Summary) -> tuple[int, ...]:
     """The good end and the good-side candidate next to the flip, those of them that have not
-    yet run clean as often as they must (8 and 9 times when 0.99 is asked; one that showed the
-    bug is weighed by the checks above instead)."""
+    yet run clean as often as they must against the run's ``clean_against_rate`` (8 and 9
+    times at 0.5 when 0.99 is asked; one that showed the bug is weighed by the checks above
+    instead)."""
     _, good = s.ends
     if good is None:
         return ()
+    rate = s.priors.clean_against_rate
     out = []
     for i in dict.fromkeys((good, int(_good_side(s)[0]))):
-        needed = clean_lifetimes_needed(s.threshold if i == good else (1 + s.threshold) / 2)
+        needed = clean_lifetimes_needed(s.threshold if i == good else (1 + s.threshold) / 2,
+                                        rate)
         # (the flip's neighbour: half the chance, as it may be tried more than once)
-        if i not in s.untestable and not s.divergent[i] and s.total[i] < needed:
+        if i in s.untestable:
+            continue
+        d, t = int(s.divergent[i]), int(s.total[i])
+        if not d:
+            if t < needed:
+                out.append(int(i))
+        elif i != good and not rate_ruled_out(d, t, rate, (1 + s.threshold) / 2):
             out.append(int(i))
     return tuple(out)
+
+
+def rate_ruled_out(divergent: int, total: int, rate: float, share: float) -> bool:
+    """Whether ``divergent`` divergences in ``total`` lifetimes rule out, with ``share``, a
+    candidate showing the bug at ``rate`` or more: so few would happen ``1 - share`` of the
+    time at most (the binomial tail; ``clean_lifetimes_needed`` for none)."""
+    tail = sum(math.comb(total, k) * rate**k * (1 - rate) ** (total - k)
+               for k in range(min(divergent, total) + 1))
+    return tail <= 1 - share
 
 
 @dataclass(frozen=True)
@@ -235,7 +268,7 @@ def checks_seen(s: Summary, seen: Doubts | None = None) -> dict[str, Any]:
         "good_end_not_good": seen.not_good,
         "good_side_doubt": seen.good_side.doubt,
         "good_side_diverged": list(seen.good_side.diverged),
-        "clean_against_rate": CLEAN_AGAINST_RATE,
+        "clean_against_rate": s.priors.clean_against_rate,
         # (position, clean lifetimes): the good end, then the good-side candidate next to the
         # flip; were either buggy at that rate, so many clean ones would happen (1 - rate)^n
         "clean": clean,

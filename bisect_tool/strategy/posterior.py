@@ -90,6 +90,8 @@ class FlipPosterior:
         doubt = priors.end_doubt
         if not 0 <= doubt < 0.5:
             raise ValueError("end_doubt must be in [0, 0.5)")
+        if not 0 < priors.clean_against_rate < 1:
+            raise ValueError("clean_against_rate must be in (0, 1)")
         # prior weight of each end hypothesis relative to one in-range flip, whose prior is
         # (1 - 2 doubt) / n; -inf switches them off
         end_log_prior = math.log(doubt * self.n / (1 - 2 * doubt)) if doubt > 0 else -math.inf

@@ -40,6 +40,11 @@ class Priors:
     # a whole clean lifetime of the buggy v0.26.0), or the bad end does not show the bug at all.
     # The stated confidence is then P(flip at the named commit AND both ends as claimed).
     end_doubt: float = 0.05
+    # the rate the good end and the good-side candidate next to the flip must stay clean
+    # against before a commit is named (``strategy.ends.clean_not_earned``): a bug shown there
+    # at this rate or more would have shown; a rarer one is caught only where it shows. The
+    # recipe's ``[search] clean_against_rate`` (``--clean-against``)
+    clean_against_rate: float = 0.5
 
 
 @dataclass(frozen=True)
