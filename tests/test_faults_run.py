@@ -285,7 +285,7 @@ def test_writing_a_chatty_probes_log_costs_about_what_reading_it_does(
 # ---- what 126 and 127 mean ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("code", [126, 127])
+@pytest.mark.parametrize("code", [126, pytest.param(127, marks=pytest.mark.slow)])
 def test_plain_exit_126_or_127_is_a_bad_verdict(repo: Repo, tmp_path: Path, code: int) -> None:
     # `git bisect run` counts every code from 1 to 127 but 125 as bad; only the shell's own
     # "command not found" / "Permission denied" line says the command never ran
