@@ -88,6 +88,7 @@ def test_sighup_acts_like_sigterm(repo: Repo, tmp_path: Path, sig: signal.Signal
     assert ids[0] == finished[0]["lifetime_id"] and len(ids) == len(set(ids))
 
 
+@pytest.mark.slow  # a live `start --run` in a subprocess under nohup, then a resume
 def test_sighup_is_left_alone_under_nohup(repo: Repo, tmp_path: Path) -> None:
     # `nohup bisect start ...` asks to outlive the terminal: SIGHUP stays ignored
     state, started, sent = tmp_path / "st", tmp_path / "started", tmp_path / "sent"
