@@ -108,8 +108,8 @@ def test_untestable_commits_are_never_blamed(tmp_path: Path, repo: Repo) -> None
             assert o["verdict"] == "untestable"
 
 
-@pytest.mark.parametrize(("untestable", "block"), [
-    ({9}, [9, 10]), pytest.param({8}, [8, 9], marks=pytest.mark.slow)])
+@pytest.mark.slow  # whole bisects (untestable commits stay in the fast tier: the test above)
+@pytest.mark.parametrize(("untestable", "block"), [({9}, [9, 10]), ({8}, [8, 9])])
 def test_flip_next_to_untestables_is_a_block(
     tmp_path: Path, repo: Repo, untestable: set[int], block: list[int]
 ) -> None:
