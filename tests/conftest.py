@@ -31,6 +31,14 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The fast tier (``make check`` deselects ``slow``) draws fewer property-test examples:
+    tests/tier.py."""
+    import tier
+
+    tier.FAST = "not slow" in (config.getoption("markexpr", "") or "")
+
+
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
     try:

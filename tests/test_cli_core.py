@@ -54,6 +54,7 @@ def test_start_run_regression_in_a_subprocess(repo: Repo, tmp_path: Path) -> Non
     assert f"top candidate: {sha(repo, FLIP)}" in text and "state: done (regression)" in text
 
 
+@pytest.mark.slow  # a whole `start --run` (the regression one stays in the fast tier)
 def test_start_run_fix_direction(repo: Repo, tmp_path: Path) -> None:
     # --good newer than --bad: find the first good commit (where the bug went away)
     code, out, err = run_cli("start", "--good", "v0.4.0", "--bad", "v0.1.0",
@@ -63,6 +64,7 @@ def test_start_run_fix_direction(repo: Repo, tmp_path: Path) -> None:
     assert "(fix: looking for the first good commit)" in err
 
 
+@pytest.mark.slow  # a whole `start --run`
 def test_run_uses_a_temporary_worktree_never_the_checkout(repo: Repo, tmp_path: Path) -> None:
     (repo.path / "f").write_text("999\n")  # the user's uncommitted edit
     (repo.path / "notes.txt").write_text("mine\n")
@@ -83,6 +85,7 @@ def test_run_uses_a_temporary_worktree_never_the_checkout(repo: Repo, tmp_path: 
     assert not any(Path(c).exists() for c in cwds)
 
 
+@pytest.mark.slow  # a whole `start --run`
 def test_state_dir_option(repo: Repo, tmp_path: Path) -> None:
     state = tmp_path / "elsewhere"
     code, _, err = run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0",
@@ -96,6 +99,7 @@ def test_state_dir_option(repo: Repo, tmp_path: Path) -> None:
     assert code == NoSession.exit_code and "start one with `bisect start`" in err
 
 
+@pytest.mark.slow  # a whole `start --run`, then log and replay
 def test_log_and_replay(repo: Repo, tmp_path: Path) -> None:
     state = tmp_path / "st"
     command = write_probe(tmp_path / "probe.py", flip=FLIP, untestable={6})
@@ -212,6 +216,7 @@ def test_start_while_in_progress_is_refused_and_reset_removes_state(repo: Repo) 
     assert code == 0 and out.startswith("next: "), err
 
 
+@pytest.mark.slow  # a whole `start --run`, then resume
 def test_resume_of_a_finished_bisect_prints_the_answer(repo: Repo, tmp_path: Path) -> None:
     state = tmp_path / "st"
     run_cli("start", "--good", "v0.1.0", "--bad", "v0.4.0",
@@ -224,6 +229,7 @@ def test_resume_of_a_finished_bisect_prints_the_answer(repo: Repo, tmp_path: Pat
     assert (state / "journal.jsonl").read_text().splitlines() == lines  # nothing re-run
 
 
+@pytest.mark.slow  # a whole `start --run` over merges
 def test_merge_commit_is_blamed_as_a_unit(tmp_path: Path) -> None:
     from gitrepos import with_merges
 
@@ -238,6 +244,7 @@ def test_merge_commit_is_blamed_as_a_unit(tmp_path: Path) -> None:
     assert not any(s[:12] in out for s in merged.side)
 
 
+@pytest.mark.slow  # a whole `start --run`, then a matplotlib plot
 def test_report_with_plot_writes_the_png_and_the_markdown_shows_it(
     repo: Repo, tmp_path: Path
 ) -> None:

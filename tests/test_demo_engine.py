@@ -123,6 +123,7 @@ COMPOSITIONS = {
 }
 
 
+@pytest.mark.slow  # exhaustive: the fixed kernel over many step shapes
 def test_fixed_kernel_is_bitwise_batch_invariant(
     sos: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

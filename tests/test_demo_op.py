@@ -145,6 +145,7 @@ def test_shipped_kernel_diverges_naming_ops_and_sizes(shipped: Path, no_switch: 
     assert all(0 < g["max_abs_diff"] < 1e-5 for g in detail["groups"])
 
 
+@pytest.mark.slow  # exhaustive: every case of both kernels
 def test_fixed_kernel_is_clean_in_every_case_and_both_are_deterministic(
     shipped: Path, fixed: Path, no_switch: None
 ) -> None:
@@ -157,7 +158,9 @@ def test_fixed_kernel_is_clean_in_every_case_and_both_are_deterministic(
     assert probe(shipped, SWITCH) == shipped_first
 
 
-@pytest.mark.parametrize("env", [None, {"VLLM_BATCH_INVARIANT": "0"}], ids=["unset", "zero"])
+@pytest.mark.parametrize("env", [None, pytest.param({"VLLM_BATCH_INVARIANT": "0"},
+                                                  marks=pytest.mark.slow)],
+                         ids=["unset", "zero"])
 def test_without_the_switch_both_kernels_diverge(
     shipped: Path, fixed: Path, no_switch: None, env: dict[str, str] | None
 ) -> None:
@@ -169,6 +172,7 @@ def test_without_the_switch_both_kernels_diverge(
         assert detail["differing"] == detail["total"]
 
 
+@pytest.mark.slow  # op-probe children on two builds
 def test_the_switch_comes_from_the_probe_env_not_from_a_cached_library(
     fixed: Path, no_switch: None
 ) -> None:

@@ -47,7 +47,8 @@ def _bisect_run(repo: Repo, tmp_path: Path, flip: int, *flags: str) -> tuple[int
     return code, out, err, runs
 
 
-@pytest.mark.parametrize("flip", [2, 100, 200, 252])
+@pytest.mark.parametrize("flip", [2, pytest.param(100, marks=pytest.mark.slow),
+                                  pytest.param(200, marks=pytest.mark.slow), 252])
 def test_deterministic_runs_each_candidate_once_within_log2_n_plus_2(
     repo252: Repo, tmp_path: Path, flip: int
 ) -> None:
@@ -59,6 +60,7 @@ def test_deterministic_runs_each_candidate_once_within_log2_n_plus_2(
     assert len(commits) == len(set(commits))  # no candidate ran twice
 
 
+@pytest.mark.slow  # a whole bisect over 252 commits, counted
 def test_without_the_flag_a_never_contradicting_probe_costs_a_bounded_number_of_runs(
     repo252: Repo, tmp_path: Path
 ) -> None:

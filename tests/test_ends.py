@@ -46,6 +46,7 @@ def test_an_intermittent_good_end_that_is_bad_is_said_so(repo: Repo, tmp_path: P
     assert "the good end" in err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # a whole bisect
 def test_a_clean_good_end_costs_little_and_the_answer_stands(repo: Repo, tmp_path: Path) -> None:
     command = write_probe(tmp_path / "probe.py", flip=17, p=1.0)
     code, out, err = run_cli("start", "--good", repo.main[0], "--bad", repo.main[-1],
@@ -184,6 +185,7 @@ def _schedule_probe(path: Path, schedule: dict[int, str]) -> str:
     return f"{sys.executable} -I -S {path}"
 
 
+@pytest.mark.slow  # a whole intermittent bisect over 40 commits
 def test_a_bug_a_later_commit_makes_worse_is_not_blamed_on_that_commit(
     repo: Repo, tmp_path: Path
 ) -> None:
@@ -204,6 +206,7 @@ def test_a_bug_a_later_commit_makes_worse_is_not_blamed_on_that_commit(
         assert f"--good {repo.main[0][:12]} --bad " in last
 
 
+@pytest.mark.slow  # a whole intermittent bisect
 def test_a_good_end_that_fails_half_its_lifetimes_is_not_accepted_after_a_clean_one(
     repo: Repo, tmp_path: Path
 ) -> None:

@@ -95,6 +95,7 @@ def test_unknown_command_aborts_naming_it(repo: Repo, tmp_path: Path) -> None:
     assert "`no-such-probe-command` is not a command on PATH" in one_line(err)
 
 
+@pytest.mark.slow  # a whole `start --run`
 def test_first_lifetime_echoes_its_working_directory(repo: Repo, tmp_path: Path) -> None:
     code, out, err = start(repo, tmp_path / "st", "--run", f'[ "$(cat f)" -lt {FLIP} ]')
     assert code == 0, err
@@ -116,6 +117,7 @@ def _session(state: Path) -> str:
     return str(journal_mod.read(state / "journal.jsonl").header["session"])
 
 
+@pytest.mark.slow  # a live run in a subprocess, then a resume to its end
 def test_second_start_and_resume_are_refused_while_a_run_is_live_then_resume_takes_over(
     repo: Repo, tmp_path: Path
 ) -> None:
@@ -354,11 +356,14 @@ def _report(repo: Repo, state: Path) -> str:
 @pytest.mark.parametrize(
     "remote, base",
     [
+        # a run each: two shapes in the fast tier, the other remotes in make test
         (None, None),
-        ("https://github.com/someone/vllm.git", "https://github.com/someone/vllm"),
+        pytest.param("https://github.com/someone/vllm.git", "https://github.com/someone/vllm",
+                     marks=pytest.mark.slow),
         ("git@github.com:vllm-project/vllm.git", "https://github.com/vllm-project/vllm"),
-        ("https://github.com/someone/other-project", None),
-        ("https://gitlab.example/vllm-project/vllm.git", None),
+        pytest.param("https://github.com/someone/other-project", None, marks=pytest.mark.slow),
+        pytest.param("https://gitlab.example/vllm-project/vllm.git", None,
+                     marks=pytest.mark.slow),
     ],
 )
 def test_run_report_names_the_command_and_links_only_to_the_clones_remote(

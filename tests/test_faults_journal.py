@@ -48,7 +48,7 @@ def _run_until_third_lifetime(repo: Repo, tmp_path: Path) -> tuple[subprocess.Po
     return proc, state
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
+@pytest.mark.parametrize("how", ["deleted", pytest.param("replaced", marks=pytest.mark.slow)])
 def test_journal_lost_during_a_run_stops_it_and_keeps_every_entry(
     repo: Repo, tmp_path: Path, how: str
 ) -> None:

@@ -250,8 +250,9 @@ def test_probe_printing_100_mb_keeps_a_bounded_tail_and_logs_it_all(
     assert len(tail) < 4096
 
 
-@pytest.mark.parametrize("printed", ["yes", "yes 'step 1234 loss 0.125 all is well'",
-                                     "head -c 30000000 /dev/zero | tr '\\0' y #"])
+@pytest.mark.parametrize("printed", [  # stress: one shape in the fast tier
+    "yes", pytest.param("yes 'step 1234 loss 0.125 all is well'", marks=pytest.mark.slow),
+    pytest.param("head -c 30000000 /dev/zero | tr '\\0' y #", marks=pytest.mark.slow)])
 def test_writing_a_chatty_probes_log_costs_about_what_reading_it_does(
     tmp_path: Path, printed: str
 ) -> None:
@@ -285,7 +286,7 @@ def test_writing_a_chatty_probes_log_costs_about_what_reading_it_does(
 # ---- what 126 and 127 mean ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("code", [126, 127])
+@pytest.mark.parametrize("code", [126, pytest.param(127, marks=pytest.mark.slow)])
 def test_plain_exit_126_or_127_is_a_bad_verdict(repo: Repo, tmp_path: Path, code: int) -> None:
     # `git bisect run` counts every code from 1 to 127 but 125 as bad; only the shell's own
     # "command not found" / "Permission denied" line says the command never ran

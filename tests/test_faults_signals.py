@@ -55,7 +55,8 @@ def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
+                                 signal.SIGHUP], ids=lambda s: s.name)
 def test_sighup_acts_like_sigterm(repo: Repo, tmp_path: Path, sig: signal.Signals) -> None:
     record, state = tmp_path / "record", tmp_path / "st"
     # the first lifetime ends at once; with SLOW set, the second one is still running when
@@ -87,6 +88,7 @@ def test_sighup_acts_like_sigterm(repo: Repo, tmp_path: Path, sig: signal.Signal
     assert ids[0] == finished[0]["lifetime_id"] and len(ids) == len(set(ids))
 
 
+@pytest.mark.slow  # a live `start --run` in a subprocess under nohup, then a resume
 def test_sighup_is_left_alone_under_nohup(repo: Repo, tmp_path: Path) -> None:
     # `nohup bisect start ...` asks to outlive the terminal: SIGHUP stays ignored
     state, started, sent = tmp_path / "st", tmp_path / "started", tmp_path / "sent"
@@ -110,8 +112,10 @@ def test_sighup_is_left_alone_under_nohup(repo: Repo, tmp_path: Path) -> None:
 
 
 # three places in the fast tier, all six in `make test`
-@pytest.mark.parametrize("delay", [0.02, pytest.param(0.05, marks=pytest.mark.slow), 0.1,
-                                   pytest.param(0.2, marks=pytest.mark.slow), 0.35,
+@pytest.mark.parametrize("delay", [pytest.param(0.02, marks=pytest.mark.slow),
+                                   pytest.param(0.05, marks=pytest.mark.slow), 0.1,
+                                   pytest.param(0.2, marks=pytest.mark.slow),
+                                   pytest.param(0.35, marks=pytest.mark.slow),
                                    pytest.param(0.5, marks=pytest.mark.slow)])
 def test_ctrl_c_early_in_start_is_one_line_and_a_new_start_works(
     repo: Repo, tmp_path: Path, delay: float

@@ -76,6 +76,7 @@ def test_torn_last_line_is_tolerated_and_resume_finishes(tmp_path: Path, repo: R
     assert len({json.loads(x).get("lifetime_id") for x in lines[1:-1]}) == len(lines) - 2
 
 
+@pytest.mark.slow  # a whole bisect, then a resume (the torn-line one stays in the fast tier)
 def test_a_whole_last_line_without_its_newline_is_kept(tmp_path: Path, repo: Repo) -> None:
     """What an editor leaves when the user follows the tool's advice to "fix or remove that
     line": the last entry, whole, with no newline after it. Resume cut it (issue 38); a line
@@ -138,6 +139,7 @@ def test_not_a_journal_and_missing_journal(tmp_path: Path) -> None:
         journal_mod.read(tmp_path / "nothing" / "journal.jsonl")
 
 
+@pytest.mark.slow  # a whole bisect whose probe reads the journal
 def test_each_observation_is_on_disk_before_the_next_lifetime(tmp_path: Path,
                                                               repo: Repo) -> None:
     """The --run script reads the journal itself: lifetime k sees the header and k - 1

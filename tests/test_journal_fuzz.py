@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tier import examples
 
 from bisect_tool import journal as journal_mod
 from bisect_tool import report as report_mod
@@ -90,7 +91,7 @@ def test_any_lines_give_a_readable_prefix_or_one_line(
     _check(tmp_path, b"\n".join(head + body) + b"\n" + torn)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[FIXTURE])
+@settings(max_examples=examples(200, 50), deadline=None, suppress_health_check=[FIXTURE])
 @given(data=st.binary(max_size=300))
 def test_any_bytes_give_a_readable_prefix_or_one_line(tmp_path: Path, data: bytes) -> None:
     _check(tmp_path, data)

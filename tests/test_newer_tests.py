@@ -73,6 +73,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoHistory, str]
     return h, sha
 
 
+@pytest.mark.slow  # a whole bisect with a test from outside every candidate
 def test_the_regression_test_finds_the_fix_from_outside_every_candidate(
     history: tuple[DemoHistory, str], tmp_path: Path
 ) -> None:

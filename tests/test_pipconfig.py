@@ -154,6 +154,7 @@ def test_releases_are_listed_from_every_place_pip_would_look(
     assert [str(r.version) for r in alone.releases] == ["0.26.0"] and not alone.places
 
 
+@pytest.mark.slow  # a whole release-level start over a real index
 def test_start_releases_resolves_a_range_only_the_extra_places_complete(
     four_places: tuple[DemoIndex, DemoIndex], tmp_path: Path
 ) -> None:

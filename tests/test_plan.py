@@ -295,6 +295,7 @@ def test_plan_of_a_release_bisect_names_each_release_wheel_and_downloads_none(
     assert plan["expected"]["downloads"] > 0 and plan["expected"]["builds"] == 0
 
 
+@pytest.mark.slow  # statistical: simulated searches of the H100 record
 def test_the_plan_counts_the_controls_off_the_lifetimes_slots_where_they_have_their_own() -> None:
     """The H100 record's header, planned on two slots: with ``controls_own_slot`` the controls'
     lifetime leaves the lifetimes' slots alone, so the expected wall time drops by half a
@@ -314,6 +315,7 @@ def test_the_plan_counts_the_controls_off_the_lifetimes_slots_where_they_have_th
     assert shared.wall_s - apart.wall_s == pytest.approx(cost / 2)
 
 
+@pytest.mark.slow  # a whole `plan` of the demo recipe over a real index, searches simulated
 def test_plan_says_which_candidates_have_a_wheel_which_need_a_build_and_the_bytes(
     tmp_path: Path, history: DemoHistory, demo: tuple[Path, list[str], str],
     demollm_wheels: Any,
@@ -366,6 +368,7 @@ def test_plan_says_which_candidates_have_a_wheel_which_need_a_build_and_the_byte
     assert f"an estimate: read from the wheel of {published[0][:12]}" in fetch_line
 
 
+@pytest.mark.slow  # a whole `plan` of the demo recipe, its searches simulated
 def test_plan_run_inside_a_clone_checks_the_pinned_stack_not_the_clones_package(
     tmp_path: Path, history: DemoHistory, demo: tuple[Path, list[str], str],
     monkeypatch: pytest.MonkeyPatch,

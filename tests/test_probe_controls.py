@@ -49,6 +49,7 @@ def booter(switch_works: bool, log: list[dict[str, str]]):
     return boot
 
 
+@pytest.mark.slow  # real demo servers under the controls
 def test_controls_hold_when_the_switch_exposes_divergence() -> None:
     log: list[dict[str, str]] = []
     controls = run_controls(factory, booter(True, log))

@@ -78,6 +78,7 @@ def test_bs1_vs_bsn_is_clean_on_a_batch_invariant_engine(fixed_kernel: Path) -> 
     assert "each prompt alone vs in batches of 12" in render_server_detail(d)
 
 
+@pytest.mark.slow  # three probes of a real demo server
 def test_bs1_vs_bsn_catches_the_sampler_that_the_repeats_probe_misses(
     fixed_kernel: Path,
 ) -> None:
@@ -98,6 +99,7 @@ def test_bs1_vs_bsn_catches_the_sampler_that_the_repeats_probe_misses(
     assert negative.verdict is Verdict.CLEAN, negative.message
 
 
+@pytest.mark.slow  # a real demo server, two batch sizes
 def test_needles_compare_only_the_first_prompts_of_each_batch_size(fixed_kernel: Path) -> None:
     """Issue 43's needle: a few requests alone against themselves in batches of two sizes
     (vLLM's TP test has one needle in batches of 17 and 65)."""
@@ -141,6 +143,7 @@ def test_the_recipe_mode_picks_the_probe() -> None:
 # ---- reported apart: warm-up, prefix caching ---------------------------------------------------
 
 
+@pytest.mark.slow  # real demo servers, one compiled
 def test_a_compiled_servers_warm_up_is_reported_apart_not_as_the_bug(fixed_kernel: Path) -> None:
     warm = dataclasses.replace(SETTINGS, warmup_requests=2)
     with demo_server(fixed_kernel, BI, FAST) as url:  # CUDA graphs on: no --enforce-eager
@@ -155,6 +158,7 @@ def test_a_compiled_servers_warm_up_is_reported_apart_not_as_the_bug(fixed_kerne
     assert eager.detail["warmup"]["differing"] == [] and "warm-up" not in eager.message
 
 
+@pytest.mark.slow  # a real demo server
 def test_without_warm_up_requests_bs1_vs_bsn_still_discards_the_warm_up(
     fixed_kernel: Path,
 ) -> None:
@@ -165,6 +169,7 @@ def test_without_warm_up_requests_bs1_vs_bsn_still_discards_the_warm_up(
     assert "warmup" not in result.detail
 
 
+@pytest.mark.slow  # a real demo server, probed cold and warm
 def test_prefix_caching_cold_and_warm_are_reported_apart(fixed_kernel: Path) -> None:
     check = dataclasses.replace(SETTINGS, prefix_tokens=16, prompt_tokens=24,
                                 prefix_cache_check=True)
@@ -183,6 +188,7 @@ def test_prefix_caching_cold_and_warm_are_reported_apart(fixed_kernel: Path) -> 
     assert "(prefix caching off)" in render_server_detail(plain.detail)
 
 
+@pytest.mark.slow  # a real demo server on its own build
 def test_the_pinned_kernel_diverges_alone_vs_in_a_big_batch() -> None:
     """v0.26.0's kernel under bs1-vs-bsN: a batch whose prefill step crosses 256 tokens."""
     big = dataclasses.replace(BS1, requests=12, fillers=0, prefix_tokens=16, prompt_tokens=16)
@@ -212,6 +218,7 @@ def test_suspect_findings_as_plain_values() -> None:
     assert "this run left A unset" in str(both)
 
 
+@pytest.mark.slow  # a whole `bisect probe --controls` on the demo history: builds and real servers
 def test_the_controls_say_which_sampler_setting_shows_divergence(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from gitrepos import linear, write_probe
 
 from bisect_tool import journal as journal_mod
@@ -70,6 +71,7 @@ def test_live_view_shows_the_search_and_ends_cleanly_on_ctrl_c(tmp_path: Path) -
     assert not contents.torn_tail
 
 
+@pytest.mark.slow  # a whole `start --run` in a subprocess
 def test_plain_lines_without_a_terminal(tmp_path: Path) -> None:
     import subprocess
 

@@ -121,6 +121,7 @@ def test_the_headline_command_names_the_main_commit(
     assert runs.header["merge_base"] == vllm_like.at["m6"]
 
 
+@pytest.mark.slow  # a whole intermittent bisect over the release history
 def test_an_intermittent_probe_names_it_too(vllm_like: ReleaseRepo, tmp_path: Path) -> None:
     probe = write_content_probe(tmp_path / "probe.py", marker_means="good", p=0.6)
     code, out, err, _ = _start(vllm_like, tmp_path, "v0.27.0", "v0.26.0", probe)
@@ -128,6 +129,7 @@ def test_an_intermittent_probe_names_it_too(vllm_like: ReleaseRepo, tmp_path: Pa
     assert out.startswith(f"first good commit: {vllm_like.at['m10']}")
 
 
+@pytest.mark.slow  # whole bisects over the release history
 def test_a_fix_cherry_picked_onto_a_release_branch_is_named_with_its_main_original(
     vllm_like: ReleaseRepo, tmp_path: Path
 ) -> None:
@@ -158,6 +160,7 @@ def _printed_command(message: str) -> list[str]:
     return shlex.split(message.split("`")[1])
 
 
+@pytest.mark.slow  # whole bisects over the release history
 def test_a_merge_base_that_is_new_stops_and_names_the_branch_to_bisect(
     vllm_like: ReleaseRepo, tmp_path: Path
 ) -> None:
@@ -181,6 +184,7 @@ def test_a_merge_base_that_is_new_stops_and_names_the_branch_to_bisect(
     assert out.startswith(f"first bad commit: {at['bump26']}")
 
 
+@pytest.mark.slow  # whole bisects over the release history
 def test_a_merge_base_that_is_bad_stops_and_names_the_fix_on_the_older_branch(
     vllm_like: ReleaseRepo, tmp_path: Path
 ) -> None:

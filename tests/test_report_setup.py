@@ -210,6 +210,7 @@ def test_a_pasted_report_names_no_session_and_no_folder_of_the_machine(tmp_path:
 # -- a run with no answer: its one cause once, with advice that fits -----------------------------
 
 
+@pytest.mark.slow  # a whole bisect whose every commit is skipped
 def test_a_run_whose_every_commit_was_skipped_names_the_cause_once(tmp_path: Path) -> None:
     repo = linear(tmp_path / "repo", 40)
     state = tmp_path / "state"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from gitrepos import Repo, linear, run_cli, write_probe
+from tier import examples
 
 from bisect_tool import redact
 from bisect_tool.errors import UsageError
@@ -213,7 +214,7 @@ def test_looking_for_the_words_first_redacts_exactly_what_every_shape_would(
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    @settings(max_examples=3000, deadline=None, derandomize=True)
+    @settings(max_examples=examples(3000, 300), deadline=None, derandomize=True)
     @given(st.lists(st.sampled_from(FRAGMENTS), max_size=30).map("".join))
     def same(value: str) -> None:
         fast = redact.text(value, secrets=())

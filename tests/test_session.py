@@ -83,6 +83,7 @@ def test_intermittent_regression_is_found(intermittent: tuple[Path, str, str], r
     assert any(o["verdict"] == "clean" and int(str(o["position"])) >= 7 for o in obs)
 
 
+@pytest.mark.slow  # a whole intermittent bisect (the regression one stays in the fast tier)
 def test_intermittent_fix_is_found(tmp_path: Path, repo: Repo) -> None:
     # --good newer than --bad: the bug shows (half the time) before commit 9, not from 9 on
     command = write_probe(tmp_path / "probe.py", flip=9, p=0.5, fix=True)
@@ -107,6 +108,7 @@ def test_untestable_commits_are_never_blamed(tmp_path: Path, repo: Repo) -> None
             assert o["verdict"] == "untestable"
 
 
+@pytest.mark.slow  # whole bisects (untestable commits stay in the fast tier: the test above)
 @pytest.mark.parametrize(("untestable", "block"), [({9}, [9, 10]), ({8}, [8, 9])])
 def test_flip_next_to_untestables_is_a_block(
     tmp_path: Path, repo: Repo, untestable: set[int], block: list[int]

@@ -74,6 +74,7 @@ def test_completion_script_for_each_shell(shell: str) -> None:
     assert "_BISECT_COMPLETE" in done.stdout and "bisect" in done.stdout
 
 
+@pytest.mark.slow  # five `bisect` subprocesses under the completion protocol
 def test_completes_commands_options_and_recipe_names() -> None:
     assert complete("bisect sta") == ["plain,start", "plain,status"]
     assert "plain,--good" in complete("bisect start --")

@@ -128,6 +128,7 @@ def test_grid_runs_every_target_cell_with_the_asked_trials() -> None:
 # ---- the simulation is the product's own search (issue 42, item 1) ---------------------------
 
 
+@pytest.mark.slow  # statistical: many simulated searches
 def test_a_quiet_bad_end_stops_the_simulated_search_as_it_stops_a_run() -> None:
     """A bad end that never shows the bug: the run's rule stops after its 12 lifetimes without
     an answer (the hand copy searched on to its budget), and ``simulate`` counts such runs

@@ -90,6 +90,7 @@ def test_a_state_dir_the_tool_creates_is_marked_and_reset_removes_it(
     assert f"removed {state}" in out and not state.exists() and (tmp_path / "a").is_dir()
 
 
+@pytest.mark.slow  # a whole `start --run` (the marked-folder one stays in the fast tier)
 def test_an_existing_folder_is_not_marked(repo: Repo, tmp_path: Path) -> None:
     """A folder that was there before holds what the user put there: the tool never claims it."""
     state = tmp_path / "mine"
@@ -103,6 +104,7 @@ def test_an_existing_folder_is_not_marked(repo: Repo, tmp_path: Path) -> None:
     assert not state.exists()
 
 
+@pytest.mark.slow  # a whole `start --run`
 def test_a_state_dir_made_before_the_mark_is_still_reset(repo: Repo, tmp_path: Path) -> None:
     state = tmp_path / "old"
     code, _, err = start(repo, state, "--run", PROBE)
@@ -164,7 +166,9 @@ def test_reset_of_a_copy_of_a_live_state_dir_leaves_the_live_probe_alone(
 # ---- not among git's own files ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("inside", [".git", ".git/refs/bisect", ".git/logs/st", ".git/x/y"])
+@pytest.mark.parametrize("inside", [".git", *(pytest.param(inside, marks=pytest.mark.slow)
+                                             for inside in (".git/refs/bisect", ".git/logs/st",
+                                                            ".git/x/y"))])
 def test_a_state_dir_inside_the_git_dir_is_refused(tmp_path: Path, inside: str) -> None:
     clone = linear(tmp_path / "clone", N, tag_every=4)
     before = tree(clone.path / ".git")
@@ -183,6 +187,7 @@ def test_a_state_dir_inside_the_git_dir_is_refused(tmp_path: Path, inside: str) 
     assert code == 0, err
 
 
+@pytest.mark.slow  # a whole `start --run` in a linked worktree
 def test_the_linked_worktrees_own_place_is_fine(repo: Repo, tmp_path: Path) -> None:
     clone = linear(tmp_path / "clone", N, tag_every=4)
     linked = tmp_path / "linked"
@@ -251,6 +256,7 @@ def test_report_onto_the_journal_or_into_the_state_dir_is_refused(
 # ---- a new start keeps the previous session's journal --------------------------------------------
 
 
+@pytest.mark.slow  # three whole `start --run`s
 def test_a_new_start_keeps_the_previous_finished_journal_and_says_where(
     repo: Repo, tmp_path: Path
 ) -> None:
@@ -276,6 +282,7 @@ def test_a_new_start_keeps_the_previous_finished_journal_and_says_where(
     assert not state.exists()
 
 
+@pytest.mark.slow  # whole `start --run`s
 def test_an_archive_with_a_users_file_is_not_reset(repo: Repo, tmp_path: Path) -> None:
     state = tmp_path / "st"
     for _ in range(2):
@@ -337,6 +344,7 @@ def test_an_empty_state_dir_is_refused_not_read_as_the_current_folder(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a whole `start --run`
 def test_the_top_of_the_clone_is_refused_as_a_state_dir(tmp_path: Path) -> None:
     clone = linear(tmp_path / "clone", N, tag_every=4)
     before = tree(clone.path)
@@ -349,6 +357,7 @@ def test_the_top_of_the_clone_is_refused_as_a_state_dir(tmp_path: Path) -> None:
     assert code == 0, err
 
 
+@pytest.mark.slow  # a whole `start --run`, then a resume
 def test_a_journal_saved_with_a_byte_order_mark_still_reads(repo: Repo, tmp_path: Path) -> None:
     """An editor may save the journal with a BOM when the user fixes a line by hand: it read as
     "not a bisect journal", and reset refused it."""
@@ -364,6 +373,7 @@ def test_a_journal_saved_with_a_byte_order_mark_still_reads(repo: Repo, tmp_path
     assert code == 0 and not state.exists(), err
 
 
+@pytest.mark.slow  # a whole `start --run`, then a resume
 def test_a_journal_with_crlf_line_ends_still_reads_and_resumes(repo: Repo, tmp_path: Path) -> None:
     state = tmp_path / "st"
     code, _, err = start(repo, state, "--run", PROBE)
@@ -375,6 +385,7 @@ def test_a_journal_with_crlf_line_ends_still_reads_and_resumes(repo: Repo, tmp_p
     assert code == 0 and "first bad commit" in out, err
 
 
+@pytest.mark.slow  # a whole `start --run`
 def test_reset_names_a_saved_lost_journal_and_keeps_it(repo: Repo, tmp_path: Path) -> None:
     state = tmp_path / "st"
     code, _, err = start(repo, state, "--run", PROBE)
@@ -386,6 +397,7 @@ def test_reset_names_a_saved_lost_journal_and_keeps_it(repo: Repo, tmp_path: Pat
     assert (state / "journal.jsonl.lost").is_file()
 
 
+@pytest.mark.slow  # a whole `start --run`
 def test_a_reset_stopped_half_way_leaves_a_folder_the_next_reset_removes(
     repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
