@@ -23,7 +23,7 @@ from bisect_tool.errors import (
     StateError,
     UsageError,
 )
-from bisect_tool.runtime.local import _pids_with_env
+from bisect_tool.runtime.local import pids_with_env
 
 N = 16
 FLIP = 11
@@ -137,7 +137,7 @@ def test_second_start_and_resume_are_refused_while_a_run_is_live_then_resume_tak
         code, out, _ = run_cli("status", "--repo", str(repo.path), "--state-dir", str(state))
         assert f"state: running (pid {proc.pid} on " in out
         session = _session(state)
-        probes = _pids_with_env("BISECT_SESSION", session)
+        probes = pids_with_env("BISECT_SESSION", session)
         assert probes, "the probe carries the session label"
     finally:
         proc.kill()
@@ -165,7 +165,7 @@ def test_reset_after_kill_9_ends_the_orphaned_probe_and_its_worktree(
 ) -> None:
     proc, state, _ = _slow_run(repo, tmp_path)
     session = _session(state)
-    probes = _pids_with_env("BISECT_SESSION", session)
+    probes = pids_with_env("BISECT_SESSION", session)
     # The probe's shepherd would end it when the tool dies: killed first (by the OOM killer,
     # say), it leaves the probe to init, found again by the group the state dir records.
     shepherds = [json.loads(r.read_text())["pgid"] for r in (state / "children").glob("*.json")]
