@@ -32,11 +32,11 @@ demo: $(DEMO_STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
-# The fast tier for a change in progress, under two minutes on 2 cores: no Docker, nothing marked
-# slow (end-to-end demo runs, stress, statistical, exhaustive and fuzz checks); `make test` runs
-# everything, as CI does.
+# The fast tier for a change in progress: no Docker, nothing marked slow (end-to-end demo runs,
+# stress, statistical, exhaustive and fuzz checks), in two processes at once (scripts/check.sh);
+# `make test` runs everything, as CI does.
 check: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not docker"
+	PY=$(BIN)/python bash scripts/check.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check bisect_tool tests bench

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 import subprocess
 import sys
@@ -37,6 +38,20 @@ def pytest_configure(config: pytest.Config) -> None:
     import tier
 
     tier.FAST = "not slow" in (config.getoption("markexpr", "") or "")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``BISECT_TEST_SHARD=i/n`` (scripts/check.sh): this process runs every n-th test from the
+    i-th, so n processes share the suite. A test's module-scoped fixtures may then be built in
+    more than one of them; the session's are in each anyway."""
+    shard = os.environ.get("BISECT_TEST_SHARD", "")
+    if not shard:
+        return
+    index, count = (int(x) for x in shard.split("/"))
+    keep = items[index::count]
+    kept = set(keep)
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = keep
 
 
 @pytest.fixture(scope="session")

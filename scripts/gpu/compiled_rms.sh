@@ -12,7 +12,7 @@
 # at exit), LIFETIMES (2) lifetimes at once on GPU 0 (scripts/gpu/knee.py, which sizes them as
 # "auto" would), the compiled recipe completed by release_range.sh's recipe step plus the flag.
 # Writes $OUT/compiled-rms-V.tsv (knee.py's row: verdicts, co-residency, boot/probe seconds),
-# $OUT/compiled-rms-V-lifetimes.jsonl (each lifetime's verdict, message, detail: warm-up apart),
+# $OUT/compiled-rms-V-lifetimes.ndjson (each lifetime's verdict, message, detail: warm-up apart),
 # $OUT/compiled-rms-logs.tgz (server logs), $OUT/compiled-rms.toml (the recipe that ran).
 set -euo pipefail
 DEV=${DEV:-/tmp/dev}
@@ -40,6 +40,6 @@ for v in $VERSIONS; do
   echo "[compiled_rms] $v: $(sha256sum "$site_so" | cut -c1-16)... in the pinned site"
   python3 "$HERE/knee.py" "$f" --counts "$LIFETIMES" --out "$DEV/compiled-rms/$v"
   cp "$DEV/compiled-rms/$v/knee.tsv" "$OUT/compiled-rms-$v.tsv"
-  cp "$DEV/compiled-rms/$v/lifetimes.jsonl" "$OUT/compiled-rms-$v-lifetimes.jsonl"
+  cp "$DEV/compiled-rms/$v/lifetimes.jsonl" "$OUT/compiled-rms-$v-lifetimes.ndjson"
 done
 tar -C "$DEV/compiled-rms" -czf "$OUT/compiled-rms-logs.tgz" --exclude=knee.tsv --exclude=lifetimes.jsonl .

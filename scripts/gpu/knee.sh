@@ -15,7 +15,7 @@
 #
 # Prints one line a count and writes $OUT/knee.tsv (the servers, how many reached the target
 # co-residency in every repeat, the least and median peak, boot and probe seconds, the round's
-# seconds, lifetimes per hour at that count, MiB a server held), $OUT/knee-lifetimes.jsonl (each
+# seconds, lifetimes per hour at that count, MiB a server held), $OUT/knee-lifetimes.ndjson (each
 # lifetime's verdict, message and probe detail) and $OUT/knee-logs.tgz.
 set -euo pipefail
 DEV=${DEV:-/tmp/dev}
@@ -33,6 +33,6 @@ bash "$HERE/release_range.sh" model
 python3 "$HERE/knee.py" "$DEV/batch-invariance-range.toml" --counts "$COUNTS" --gpu "$GPU" \
   --out "$DEV/knee"
 cp "$DEV/knee/knee.tsv" "$OUT/knee.tsv"
-cp "$DEV/knee/lifetimes.jsonl" "$OUT/knee-lifetimes.jsonl" 2>/dev/null || true
+cp "$DEV/knee/lifetimes.jsonl" "$OUT/knee-lifetimes.ndjson" 2>/dev/null || true
 tar -C "$DEV/knee" -czf "$OUT/knee-logs.tgz" --exclude=knee.tsv --exclude=lifetimes.jsonl .
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
