@@ -185,8 +185,11 @@ def test_the_reports_changed_values_are_toml_a_recipe_can_hold() -> None:
 def test_the_compiled_recipe_is_the_seed_setup_with_cuda_graphs_on() -> None:
     seed, r = recipe.load("batch-invariance"), recipe.load("batch-invariance-compiled")
     assert "--enforce-eager" in seed.runtime.server_args
-    assert r.runtime.server_args == tuple(a for a in seed.runtime.server_args
-                                          if a != "--enforce-eager")
+    # and _C's RMSNorm kept as the custom op under compilation: without it the kernel never
+    # runs there (v0.26.0 clean with graphs on; with the flag it diverged, H100 2026-12-07c)
+    assert r.runtime.server_args == (*(a for a in seed.runtime.server_args
+                                       if a != "--enforce-eager"),
+                                     "--compilation-config", '{"custom_ops": ["+rms_norm"]}')
     assert r.probe.warmup_requests == 2 and r.runtime.boot_timeout_s > seed.runtime.boot_timeout_s
     assert r.probe.suspects == {"VLLM_USE_FLASHINFER_SAMPLER": "0,1"}
     # the seed's workload and swap set, unchanged
