@@ -4,6 +4,7 @@ sizes (tests/test_runtime_units.py has the rest of the runtime's pure parts)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,30 @@ def test_the_controls_own_slot_is_free_while_every_lifetime_slot_is_held() -> No
     with shared.lease(), shared.lease(), pytest.raises(TimeoutError), \
             shared.controls_lease(timeout=0.01):
         pass  # without it the controls wait for a lifetime's slot, as before
+
+
+def test_a_card_holds_at_most_the_knee_the_controls_counted() -> None:
+    """Issue 39's knee on the H100: 8 servers kept the probe's co-residency, 10 did not. Six
+    lifetimes a card and the controls' three servers of their own would make nine: while the
+    controls run, the sixth lifetime waits; once they are done it starts."""
+    pool = GpuPool(["0"], per_gpu=6, controls_slot=True, controls_servers=3, most_servers=8)
+    with contextlib.ExitStack() as held:
+        controls = [held.enter_context(pool.controls_lease(timeout=1)) for _ in range(3)]
+        assert controls == ["0", "0", "0"]
+        with contextlib.ExitStack() as lifetimes:
+            for _ in range(5):
+                lifetimes.enter_context(pool.lease(timeout=1))
+            with pytest.raises(TimeoutError), pool.lease(timeout=0.05):
+                pass  # the ninth server would be past the knee
+            held.close()  # the controls end
+            with pool.lease(timeout=1) as sixth:
+                assert sixth == "0"
+    unbounded = GpuPool(["0"], per_gpu=6, controls_slot=True, controls_servers=3)
+    with contextlib.ExitStack() as held:
+        for _ in range(3):
+            held.enter_context(unbounded.controls_lease(timeout=1))
+        for _ in range(6):
+            held.enter_context(unbounded.lease(timeout=1))  # a number given: no ceiling
 
 
 def test_with_controls_own_slot_the_controls_run_beside_two_lifetimes_on_one_gpu(

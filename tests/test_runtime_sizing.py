@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from bisect_tool.recipes.recipe import ProbeSettings, Recipe, RuntimeSettings
-from bisect_tool.run.wiring import sized
+from bisect_tool.run.wiring import gpu_pool, sized
 from bisect_tool.runtime.gpus import KV_CACHE_SIZE_FLAG, GpuPool
 from bisect_tool.runtime.sizing import (
     AUTO_MOST_PER_GPU,
+    AUTO_MOST_SERVERS_PER_GPU,
     GIB,
     SERVER_OVERHEAD_BYTES,
     UTILIZATION_FLAG,
@@ -125,6 +126,9 @@ def test_a_run_sizes_auto_from_the_card_and_says_so(
     assert out.runtime.lifetimes_per_gpu == AUTO_MOST_PER_GPU
     assert KV_CACHE_SIZE_FLAG in out.runtime.server_args
     assert any("6 lifetimes a GPU" in n for n in notes)
+    # and no more than the H100's knee on the card at once, the controls' servers counted
+    assert out.runtime.most_servers_per_gpu == AUTO_MOST_SERVERS_PER_GPU == 8
+    assert gpu_pool(out.runtime, out.probe).most_servers == 8
     # no GPU listed (the demo's CPU engine, a CPU probe): one slot, nothing read
     plain = sized(Recipe("r"))
     assert plain.runtime.lifetimes_per_gpu == 1 and plain.runtime.server_args == ()

@@ -73,7 +73,7 @@ BOUNDS: dict[str, dict[str, Bound]] = {
         "prefetch": Bound(-1),  # -1: the run chooses
     },
     "runtime": {"boot_timeout_s": POSITIVE, "lifetimes_per_gpu": AT_LEAST_1,
-                "gpus_per_lifetime": AT_LEAST_1},
+                "gpus_per_lifetime": AT_LEAST_1, "most_servers_per_gpu": AT_LEAST_0},
     "probe": {
         "requests": AT_LEAST_1,
         "fillers": AT_LEAST_0,

@@ -109,6 +109,9 @@ class RuntimeSettings:
     # slots for 259 s and the lifetimes ran one at a time (docs/bench/gpu-2026-12-07-h100).
     # That GPU then holds one server more: give each its share (--kv-cache-memory-bytes)
     controls_own_slot: bool = False
+    # the most servers one GPU holds at once, lifetimes and the controls' together (0: no
+    # ceiling but lifetimes_per_gpu); "auto" sets the H100's knee, 8 (runtime/sizing.py)
+    most_servers_per_gpu: int = 0
     shm_size: str = "8g"
     # docker: how a container gets its GPU: "toolkit" (a device request; needs the NVIDIA
     # container toolkit), "devices" (the /dev/nvidia* nodes and the driver libraries found on

@@ -158,7 +158,8 @@ def gpu_pool(runtime: RuntimeSettings, probe: ProbeSettings | None = None) -> Gp
     return GpuPool(runtime.gpus, per_gpu=runtime.per_gpu() or 1,
                    controls_slot=runtime.controls_own_slot,
                    controls_servers=probe.negative_servers if probe is not None else 1,
-                   width=runtime.gpus_per_lifetime if runtime.gpus else 1)
+                   width=runtime.gpus_per_lifetime if runtime.gpus else 1,
+                   most_servers=runtime.most_servers_per_gpu)
 
 
 @contextmanager
@@ -374,7 +375,8 @@ def sized(recipe: Recipe, observer: Observer = ignore, read: ReadCards = read_ca
     return replace(recipe, runtime=replace(
         runtime, lifetimes_per_gpu=found.per_gpu, server_args=found.server_args(
             runtime.server_args),
-        controls_own_slot=runtime.controls_own_slot or found.controls_own_slot))
+        controls_own_slot=runtime.controls_own_slot or found.controls_own_slot,
+        most_servers_per_gpu=runtime.most_servers_per_gpu or found.most_servers))
 
 
 def side_recipe(recipe: Recipe, pinned_package_dir: Path) -> Recipe:

@@ -38,7 +38,7 @@ class GpuPool:
 
     def __init__(self, gpus: Sequence[str] = (), *, slots: int = 1, per_gpu: int = 1,
                  controls_slot: bool = False, controls_servers: int = 1,
-                 width: int = 1) -> None:
+                 width: int = 1, most_servers: int = 0) -> None:
         ids = [str(g).strip() for g in gpus]
         if any(not g for g in ids):
             raise UsageError("empty GPU id in the GPU list; give ids like 0,1")
@@ -61,6 +61,9 @@ class GpuPool:
         self._held = {g: 0 for g in ids}  # lifetimes' leases on each GPU now
         self._anonymous = slots if not ids else 0
         self._anonymous_held = 0
+        # a lifetime starts on a GPU only while it carries fewer servers than this (the
+        # controls' counted; 0: no ceiling): past the knee the probe's co-residency falls
+        self._most_servers = most_servers
         self._controls_cap = max(1, controls_servers) if controls_slot else 0
         self._controls_held = 0
         self._cond = threading.Condition()
@@ -81,6 +84,11 @@ class GpuPool:
         """Every GPU share: each GPU as many times as lifetimes may use it at once."""
         with self._cond:
             return tuple(g for g in self._ids for _ in range(self._capacity[g]))
+
+    @property
+    def most_servers(self) -> int:
+        """The most servers a GPU carries before a lifetime waits (0: no ceiling)."""
+        return self._most_servers
 
     def capacity(self, gpu: str) -> int:
         with self._cond:
@@ -181,7 +189,8 @@ class GpuPool:
         The ``width`` GPUs with the most free shares (the least crowded first)."""
         if not self._ids:
             return [] if self._anonymous_held < self._anonymous else None
-        free = [g for g in self._ids if self._held[g] < self._capacity[g]]
+        free = [g for g in self._ids if self._held[g] < self._capacity[g]
+                and (not self._most_servers or self._on[g] < self._most_servers)]
         if len(free) < width:
             return None
         free.sort(key=lambda g: (self._held[g] - self._capacity[g], self._on[g],

@@ -14,9 +14,14 @@ than that fraction of the card is free at its boot).
 
 How many: as many as fit with the KV cache the probe's workload needs, at most
 ``AUTO_MOST_PER_GPU``: memory is not what crowds a 0.6B model on an H100 (80 GiB hold a dozen
-such servers), the probe is: with 8 servers on the card one lifetime reached 38-42 of the 44
-co-resident sequences it needs (issue 39), with 4 every one did. A lifetime that misses the
-target while several share its card lowers that card's share (``GpuPool.back_off``).
+such servers), the probe is. Measured on an H100 (scripts/gpu/knee.sh,
+docs/bench/gpu-2026-12-07c-h100), the servers that kept the 44 co-resident sequences in every
+repeat: 6 of 6, 7 of 8, 3 of 10, 4 of 12; a warm boot took 56-66 s at every count. So a card
+holds at most ``AUTO_MOST_SERVERS_PER_GPU`` servers at once, the controls' counted: while the
+controls' three servers run beside six lifetimes (nine on the card, past the knee, two
+lifetimes short of 44 in the 2026-12-07b record), a seventh lifetime waits for a slot
+(``GpuPool``'s ``most_servers``). A lifetime that misses the target while several share its
+card lowers that card's share (``GpuPool.back_off``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ GIB = 1024**3
 #: tolerates: on the H100 4 each reached the target co-residency, 8 did not (issue 39); the
 #: knee between is measured by scripts/gpu/knee.sh
 AUTO_MOST_PER_GPU = 6
+#: the most servers one card holds at once under "auto", lifetimes and the controls' own
+#: together: the H100's knee (8 servers: 7 of 8 kept the target co-residency; 10: 3 of 10)
+AUTO_MOST_SERVERS_PER_GPU = 8
 #: vLLM's default gpu_memory_utilization leaves this share of the card alone
 MARGIN = 0.10
 #: what a server takes besides its weights and KV cache: the CUDA context, the profile run's
@@ -79,6 +87,7 @@ class Sizing:
     controls_own_slot: bool
     card: Card
     why: str
+    most_servers: int = AUTO_MOST_SERVERS_PER_GPU  # on one card at once, the controls' counted
 
     def server_args(self, args: Sequence[str]) -> tuple[str, ...]:
         """``args`` with the KV cache size and the memory share, unless they give their own."""
@@ -221,6 +230,7 @@ def size(
            f"{SERVER_OVERHEAD_BYTES / GIB:.0f}): {per_gpu} lifetimes a GPU"
            + (f" (at most {most} until the probe shows more keep their co-residency)"
               if fit - (controls if own else 0) > most else "")
-           + (f", {controls} more servers for the controls" if own else "")
+           + (f", {controls} more servers for the controls (at most "
+              f"{AUTO_MOST_SERVERS_PER_GPU} servers on a card at once)" if own else "")
            + f", each told a KV cache of {kv / GIB:.2f} GiB")
     return Sizing(per_gpu, kv, utilization, own, card, why)
