@@ -20,6 +20,7 @@ Stdlib only: installed before the CLI's imports.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -122,5 +123,9 @@ def install() -> None:
         ).start()
         _previous_hook = sys.unraisablehook
         sys.unraisablehook = _hook
+        # `kill -USR1 <pid>` prints where every thread of a run is, to stderr (a run that did
+        # not end after its SIGHUP in CI, once, with no trace of where it waited)
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, on_sigint)

@@ -55,6 +55,22 @@ def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.02)
 
 
+def _ended(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    """The run's stderr once it has ended. One that does not end within ``timeout`` is killed
+    (its probes die with it: the shepherd's parent-death signal), so that its worktree does
+    not stay live into the next tests (in CI a run that missed its SIGHUP failed eight more);
+    first it is asked where each of its threads waits (SIGUSR1: ``interrupts.install``)."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # where each of its threads waits (faulthandler)
+        time.sleep(1)
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(
+            f"the run did not end within {timeout} s of its signal:\n{err}") from None
+
+
 @pytest.mark.parametrize("sig", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
                                  signal.SIGHUP], ids=lambda s: s.name)
 def test_sighup_acts_like_sigterm(repo: Repo, tmp_path: Path, sig: signal.Signals) -> None:
@@ -72,7 +88,7 @@ def test_sighup_acts_like_sigterm(repo: Repo, tmp_path: Path, sig: signal.Signal
     session = str(journal_mod.read(state / "journal.jsonl").header["session"])
     assert labelled(session), "the second lifetime is running"
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    err = _ended(proc)
     assert proc.returncode == AbortError.exit_code, err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == f"bisect: terminated ({sig.name}); lifetimes torn down"
@@ -138,7 +154,7 @@ def test_ctrl_c_early_in_start_is_one_line_and_a_new_start_works(
         raise AssertionError("".join(seen))
     time.sleep(delay)  # where in the start the Ctrl-C lands: each place must end cleanly
     proc.send_signal(signal.SIGINT)
-    _, rest = proc.communicate(timeout=120)
+    rest = _ended(proc)
     said = [x for x in rest.splitlines() if x.strip() and not x.startswith("import time:")]
     # 130, or killed by SIGINT (the shell shows both as 130)
     assert proc.returncode in (130, -signal.SIGINT), rest
