@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -331,9 +332,9 @@ def test_what_the_checks_saw_is_kept_in_the_end_entry_and_said_in_the_report() -
     assert f"{shas[25][:12]} in " in md
 
 
-def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
-    """Option (c) of issue 38, stated: "were it buggy at rate r, n clean lifetimes would happen
-    x % of the time", for the good end and for the commit next to the flip."""
+def _a_step_at_12_answered(**search: float) -> tuple[list[str], dict[str, Any], str]:
+    """A bug in every lifetime from c12 of 30, searched to its answer: the SHAs, what the end
+    entry says the checks saw, and the report's Markdown. ``search``: the header's settings."""
     from bisect_tool.designs import Item, drive, ledger
     from bisect_tool.designs.bisect import BisectDesign
     from bisect_tool.designs.simulate import search_header
@@ -343,7 +344,9 @@ def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
     from bisect_tool.values import Direction, Observation, Verdict
 
     history = step(30, 12, 1.0, 0.0, Direction.REGRESSION)
-    header = search_header(history)
+    header = search_header(history, **search)  # type: ignore[arg-type]
+    for key, value in search.items():
+        assert header["recipe"]["search"][key] == value
     shas = [f"{i:02x}" * 20 for i in range(31)]
     header["candidates"] = [{"sha": sha, "subject": f"c{i}"} for i, sha in enumerate(shas)]
     kept: list[dict[str, object]] = []
@@ -362,10 +365,16 @@ def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
 
     finish = drive(Kept(ledger.replay(JournalContents(header, ()))), evaluate)
     assert str(finish.state) == "done"
-    checks = kept[-1]["summary"]["checks"]  # type: ignore[index]
-    assert checks["clean"] == [[shas[0], 8], [shas[11], 9]]
     contents = JournalContents(header, tuple(kept))
     md = render_markdown(build_report(contents, ledger.replay(contents).standing()))
+    return shas, kept[-1]["summary"]["checks"], md  # type: ignore[index,return-value]
+
+
+def test_an_answer_states_what_the_clean_lifetimes_rule_out() -> None:
+    """Option (c) of issue 38, stated: "were it buggy at rate r, n clean lifetimes would happen
+    x % of the time", for the good end and for the commit next to the flip."""
+    shas, checks, md = _a_step_at_12_answered()
+    assert checks["clean"] == [[shas[0], 8], [shas[11], 9]]
     # the good end, the commit next to the flip (c11; c12 is named)
     for position, clean, chance in ((0, 8, "0.4%"), (11, 9, "0.2%")):
         row = f"| Were {shas[position][:7]} buggy at rate 50.0%: {clean} clean lifetimes |"
@@ -454,40 +463,9 @@ def test_one_divergence_next_to_the_flip_does_not_excuse_it_from_the_floor() -> 
 
 
 def test_the_floor_is_in_the_end_entry_and_the_report_names_the_setting() -> None:
-    from bisect_tool.designs import Item, drive, ledger
-    from bisect_tool.designs.bisect import BisectDesign
-    from bisect_tool.designs.simulate import search_header
-    from bisect_tool.journal import JournalContents
-    from bisect_tool.report import build_report, render_markdown
-    from bisect_tool.strategy.simhistories import Lifetimes, step
-    from bisect_tool.values import Direction, Observation, Verdict
-
-    history = step(30, 12, 1.0, 0.0, Direction.REGRESSION)
-    header = search_header(history, clean_against_rate=0.15)
-    assert header["recipe"]["search"]["clean_against_rate"] == 0.15
-    shas = [f"{i:02x}" * 20 for i in range(31)]
-    header["candidates"] = [{"sha": sha, "subject": f"c{i}"} for i, sha in enumerate(shas)]
-    kept: list[dict[str, object]] = []
-
-    class Kept(BisectDesign):
-        def apply(self, entry: object) -> None:
-            kept.append(dict(entry))  # type: ignore[call-overload]
-            super().apply(entry)  # type: ignore[arg-type]
-
-    lifetimes = Lifetimes(history, np.random.default_rng(0))
-
-    def evaluate(item: Item) -> Observation:
-        bug = lifetimes.run(item.key[0])
-        return Observation(item.commit, Verdict.DIVERGENT if bug else Verdict.CLEAN,
-                           item.lifetime_id)
-
-    finish = drive(Kept(ledger.replay(JournalContents(header, ()))), evaluate)
-    assert str(finish.state) == "done"
-    checks = kept[-1]["summary"]["checks"]  # type: ignore[index]
+    shas, checks, md = _a_step_at_12_answered(clean_against_rate=0.15)
     assert checks["clean_against_rate"] == 0.15
     assert checks["clean"] == [[shas[0], 33], [shas[11], 37]]
-    contents = JournalContents(header, tuple(kept))
-    md = render_markdown(build_report(contents, ledger.replay(contents).standing()))
     row = f"| Were {shas[0][:7]} buggy at rate 15.0% (--clean-against 0.15): 33 clean lifetimes |"
     assert row in md
     assert "not a rarer one; held to --clean-against 0.15)" in md
