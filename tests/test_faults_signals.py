@@ -55,11 +55,17 @@ def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.02)
 
 
+#: ``python -c`` this, then the tool's arguments: ``bisect`` with SIGHUP's default disposition
+_SIGHUP_DEFAULT = ("import signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                   "sys.argv[0] = 'bisect'; from bisect_tool.__main__ import main; main()")
+
+
 def _ended(proc: subprocess.Popen[str], timeout: float = 120) -> str:
     """The run's stderr once it has ended. One that does not end within ``timeout`` is killed
     (its probes die with it: the shepherd's parent-death signal), so that its worktree does
-    not stay live into the next tests (in CI a run that missed its SIGHUP failed eight more);
-    first it is asked where each of its threads waits (SIGUSR1: ``interrupts.install``)."""
+    not stay live into the next tests (a run that missed its SIGHUP, SIGHUP being ignored by
+    the shell that started the tests, failed eight more); first it is asked where each of its
+    threads waits (SIGUSR1: ``interrupts.install``)."""
     try:
         return proc.communicate(timeout=timeout)[1]
     except subprocess.TimeoutExpired:
@@ -79,8 +85,11 @@ def test_sighup_acts_like_sigterm(repo: Repo, tmp_path: Path, sig: signal.Signal
     # the signal comes (resume runs without SLOW)
     probe = (f'echo "$BISECT_LIFETIME" >> {record}; '
              f'if [ -n "$SLOW" ] && [ "$(wc -l < {record})" -ge 2 ]; then sleep 60; fi; {BAD}')
+    # with SIGHUP as a terminal leaves it: a test run under `nohup` (or a CI runner that
+    # ignores SIGHUP) hands its children SIGHUP ignored, and the tool then rightly leaves it
+    # alone (test_sighup_is_left_alone_under_nohup)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bisect_tool", *start_argv(repo, state, probe)],
+        [sys.executable, "-c", _SIGHUP_DEFAULT, *start_argv(repo, state, probe)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "SLOW": "1"},
     )
