@@ -20,8 +20,7 @@ from bisect_tool.designs.simulate import (
     simulate,
 )
 from bisect_tool.errors import UsageError
-from bisect_tool.strategy import Costs
-from bisect_tool.strategy.ends import CLEAN_AGAINST_RATE
+from bisect_tool.strategy import CLEAN_AGAINST_RATE, Costs
 
 
 class RateStep(click.ParamType):

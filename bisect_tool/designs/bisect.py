@@ -83,12 +83,13 @@ class BisectDesign:
     # -- the Design protocol ----------------------------------------------------------------
 
     def apply(self, entry: Mapping[str, Any]) -> None:
-        match entries.parse(entry):
+        read = entries.parse(entry)
+        match read:
             case entries.ControlsRan():
                 self._controls_running = False
             case entries.GateLetThrough(commit=commit) | entries.Refused(commit=commit):
                 self._gating.discard(commit)
-        self.state.apply(entry)
+        self.state.count(read)
 
     def next_step(self) -> Step:
         state = self.state

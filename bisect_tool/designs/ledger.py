@@ -1,13 +1,8 @@
-"""The ledger: the search rebuilt from its journal, and nothing else.
-
-A ``Ledger`` changes in one way only, ``apply(entry)``, an entry the journal holds (``replay``
-applies them all in order; a live run applies each one after it is journaled). So ``resume``
-after a crash (even SIGKILL) continues where it stopped, losing nothing and counting nothing
-twice, and the designs (``bisect_tool.designs.phases``, ``.bisect``, ``.manual``) only read it:
-what a decision needs that is not in the journal (lifetime ids reserved for a batch being
-made) it passes as an argument. How an entry counts is one named policy each (below); what
-the run shows, reports and journals at its end is one frozen value, ``Standing``
-(``Ledger.standing``).
+"""The ledger: the search rebuilt from its journal, and nothing else. It changes only by
+``apply(entry)`` (``replay`` applies a journal; a live run each entry once journaled), so
+``resume`` after a crash (even SIGKILL) loses nothing and counts nothing twice; the designs
+only read it. How an entry counts is one named policy each (below); where the search stands
+is one frozen value, ``Standing`` (``Ledger.standing``).
 """
 
 from __future__ import annotations
@@ -220,7 +215,11 @@ class Ledger:
 
     def apply(self, entry: Mapping[str, Any]) -> None:
         """Count one journal entry: the only way the ledger changes."""
-        match entries.parse(entry):
+        self.count(entries.parse(entry))
+
+    def count(self, read: entries.Entry) -> None:
+        """``apply`` of an entry already read as its kind's value."""
+        match read:
             case entries.Observed() as seen:
                 if seen.lifetime_id and seen.lifetime_id in self.seen_lifetimes:
                     return  # idempotent: a retried lifetime is not counted twice

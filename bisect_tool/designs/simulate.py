@@ -57,8 +57,7 @@ from bisect_tool.designs.bisect import BisectDesign
 from bisect_tool.errors import UsageError
 from bisect_tool.journal import JournalContents
 from bisect_tool.kinds import narrowing
-from bisect_tool.strategy import Costs, Priors
-from bisect_tool.strategy.ends import CLEAN_AGAINST_RATE
+from bisect_tool.strategy import CLEAN_AGAINST_RATE, Costs, Priors
 from bisect_tool.strategy.simhistories import (
     History,
     Lifetimes,

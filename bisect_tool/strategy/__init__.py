@@ -32,6 +32,7 @@ checks, the locate matrix and the report.
 from bisect_tool.strategy.bayes import BayesianStrategy
 from bisect_tool.strategy.beta import log_beta, log_sequence
 from bisect_tool.strategy.values import (
+    CLEAN_AGAINST_RATE,
     Choice,
     Costs,
     NoCandidateLeft,
@@ -42,6 +43,7 @@ from bisect_tool.strategy.values import (
 )
 
 __all__ = [
+    "CLEAN_AGAINST_RATE",
     "BayesianStrategy",
     "Choice",
     "Costs",

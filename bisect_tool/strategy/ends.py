@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from bisect_tool.strategy import Summary, log_sequence
+from bisect_tool.strategy import CLEAN_AGAINST_RATE, Summary, log_sequence
 from bisect_tool.values import Direction
 
 
@@ -176,12 +176,11 @@ def good_side_check(s: Summary) -> GoodSideCheck:
     return GoodSideCheck(doubt, through, nearest, diverged)
 
 
-#: the default rate the good end and the good side's candidate next to the flip must stay clean
-#: against before an answer is given (``Priors.clean_against_rate``, the recipe's ``[search]
-#: clean_against_rate``, ``--clean-against``): a bug shown there at half the lifetimes or more
-#: is caught at the asked confidence (issue 38: a good end failing half its lifetimes, accepted
-#: after one clean)
-CLEAN_AGAINST_RATE = 0.5
+# the default rate the good end and the good side's candidate next to the flip must stay clean
+# against before an answer is given is ``strategy.values.CLEAN_AGAINST_RATE`` (one half; the
+# run's own is ``Priors.clean_against_rate``, the recipe's ``[search] clean_against_rate``,
+# ``--clean-against``): a bug shown there at half the lifetimes or more is caught at the asked
+# confidence (issue 38: a good end failing half its lifetimes, accepted after one clean)
 
 
 def clean_lifetimes_needed(share: float, rate: float = CLEAN_AGAINST_RATE) -> int:

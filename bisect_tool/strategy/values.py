@@ -23,6 +23,11 @@ def stop_threshold(confidence: float) -> float:
     return 1 - (1 - confidence) * STOP_FACTOR
 
 
+#: the default floor the good end and the flip's neighbour must stay clean against
+#: (``Priors.clean_against_rate``; ``strategy.ends`` says why one half)
+CLEAN_AGAINST_RATE = 0.5
+
+
 @dataclass(frozen=True)
 class Priors:
     # prior probability that the bug shows in every bad-side lifetime. 0.5 made the search
@@ -44,7 +49,7 @@ class Priors:
     # against before a commit is named (``strategy.ends.clean_not_earned``): a bug shown there
     # at this rate or more would have shown; a rarer one is caught only where it shows. The
     # recipe's ``[search] clean_against_rate`` (``--clean-against``)
-    clean_against_rate: float = 0.5
+    clean_against_rate: float = CLEAN_AGAINST_RATE
 
 
 @dataclass(frozen=True)
