@@ -500,3 +500,27 @@ def test_the_clean_against_flag_lands_in_the_header_and_resume_keeps_it(
     assert code == 0, err
     assert out.startswith(f"first bad commit: {repo.main[16]}")
     assert at_good_end(journal.read_text().splitlines()) >= 15
+
+
+def test_an_untestable_commit_beside_the_flip_leaves_the_good_sides_check_to_the_next() -> None:
+    """A release the gate refused sits right after a fix (block {6, 7}: 6 cannot run). The good
+    side's check starts at 7, the first candidate that can run: its clean lifetimes take the
+    doubt off, where before a stretch of 6 alone stayed "untold" (1.3 % whatever 7 ran) and the
+    check asked for lifetimes of 6."""
+    from bisect_tool.strategy import BayesianStrategy
+    from bisect_tool.strategy.ends import clean_not_earned, good_side_check
+    from bisect_tool.values import Direction
+
+    search = BayesianStrategy(10, Direction.FIX)
+    search.mark_untestable(6)
+    for _ in range(12):
+        search.record(5, True)
+    for _ in range(17):
+        search.record(7, False)
+    for _ in range(9):
+        search.record(9, False)
+    s = search.summary()
+    assert s.block == (6, 7)
+    check = good_side_check(s)
+    assert check.nearest == 7 and check.doubt < 0.005
+    assert 6 not in clean_not_earned(s)

@@ -14,7 +14,7 @@ STRATEGY = PACKAGE / "strategy"
 #: everything a caller may use of a strategy
 SURFACE = {
     "record", "select", "select_batch", "posterior", "summary", "rates",
-    "mark_untestable", "retire", "mark_prepared", "set_prior", "set_costs",
+    "mark_untestable", "retire", "mark_prepared", "set_prior", "set_costs", "summary_under",
 }
 
 

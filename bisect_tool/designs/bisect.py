@@ -38,9 +38,9 @@ from bisect_tool.designs.phases import (
 from bisect_tool.events import CandidateChosen, Event, Note, PosteriorMoved
 from bisect_tool.journal import entries
 from bisect_tool.range import Candidate
-from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft, Summary, lookahead
+from bisect_tool.strategy import BayesianStrategy, Choice, NoCandidateLeft, lookahead
 from bisect_tool.strategy.ends import good_end_not_good
-from bisect_tool.strategy.tiers import Phase, Sides, Tier, disagreement
+from bisect_tool.strategy.tiers import MixturePrior, Phase, Sides, Tier, confirmed, disagreement
 from bisect_tool.values import Observation, Verdict
 from bisect_tool.verdict import EndState, controls_problem
 
@@ -282,7 +282,8 @@ class BisectDesign:
                 batch = [Choice(suspect[0], slots, suspect[1])]
             elif (decision.within is not None and self.slots > 1
                   and not strategy.summary().deterministic):
-                batch = _confirm_batch(strategy, decision.within, running, slots)
+                batch = _confirm_batch(strategy, decision.within, running, slots,
+                                       state.prior, state.settings.confidence)
                 if not batch and running:
                     return Work(())  # those under way are expected to end it: wait for them
                 batch = batch or strategy.select_batch(slots, decision.within)
@@ -363,15 +364,18 @@ def useful_runs(strategy: BayesianStrategy, batch: Sequence[Choice]) -> list[Cho
 
 
 def _confirm_batch(
-    strategy: BayesianStrategy, sides: tuple[int, int], running: Sequence[int], free: int
+    strategy: BayesianStrategy, sides: tuple[int, int], running: Sequence[int], free: int,
+    prior: MixturePrior | None, confidence: float,
 ) -> list[Choice]:
     """The confirm step's lifetimes for ``free`` slots beside those ``running``: what the
-    answer is expected to need from here, both sides at once (``designs.fill``)."""
+    answer is expected to need from here, both sides at once (``designs.fill``), until the
+    step's own stop rule (``tiers.confirmed``) would end it."""
     bad, good = sides
+    assert prior is not None  # set on entering the confirm step
 
-    def stops(s: Summary) -> bool:
-        return bool(s.divergent[bad] and s.total[good] and s.done) \
-            or disagreement(s, Sides(bad, good)) is not None
+    def stops(what_if: BayesianStrategy) -> bool:
+        return confirmed(what_if, Sides(bad, good), prior.plain, confidence) \
+            or disagreement(what_if.summary(), Sides(bad, good)) is not None
 
     planned = fill.next_lifetimes(strategy, running, free, stops, within=sides)
     counts = Counter(planned)
@@ -380,8 +384,9 @@ def _confirm_batch(
             for position, n in counts.items()]
 
 
-def _faithful_stops(s: Summary) -> bool:
+def _faithful_stops(what_if: BayesianStrategy) -> bool:
     """The plain search would stop (``phases.stop_reason``'s answer, as a plan sees it)."""
+    s = what_if.summary()
     bad, good = s.ends
     return bad is None or good is None or bool(
         s.done and s.bug_shown and s.total[bad] and s.total[good])

@@ -24,8 +24,8 @@ from bisect_tool.strategy import BayesianStrategy, NoCandidateLeft, Summary
 #: time a decision takes (each planned lifetime is one posterior update on a copy)
 PLAN_MOST = 32
 
-#: (a summary of the search as planned so far) -> whether it would stop there
-Stops = Callable[[Summary], bool]
+#: (the search as planned so far) -> whether it would stop there
+Stops = Callable[[BayesianStrategy], bool]
 
 
 def expected_divergent(s: Summary, position: int, p: float, q: float) -> bool:
@@ -56,9 +56,9 @@ def plan(
         what_if.record(position, expected_divergent(what_if.summary(), position, p, q))
     out: list[int] = []
     while len(out) < most:
-        s = what_if.summary()
-        if stops(s):
+        if stops(what_if):
             break
+        s = what_if.summary()
         try:
             position = what_if.select(within).position
         except NoCandidateLeft:

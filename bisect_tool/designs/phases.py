@@ -30,7 +30,14 @@ from bisect_tool.strategy.ends import (
     doubts,
     good_end_not_good,
 )
-from bisect_tool.strategy.tiers import NARROW_END_RUNS, Phase, Tier, confirm_sides, disagreement
+from bisect_tool.strategy.tiers import (
+    NARROW_END_RUNS,
+    Phase,
+    Tier,
+    confirm_sides,
+    confirmed,
+    disagreement,
+)
 from bisect_tool.values import Direction, percent
 from bisect_tool.verdict import EndState
 
@@ -174,9 +181,10 @@ def _confirm_step(state: Ledger) -> Decision:
         return switch(Phase.FAITHFUL, "no candidate beside the fast probe's flip can run with "
                                        "the faithful probe; going on with lifetimes over the "
                                        "whole range")
-    # Both sides must have spoken: the prior alone (the fast probe's flip) is never the answer.
-    if s.divergent[sides.bad] and s.total[sides.good] and s.done:
-        return Finish(EndState.DONE, "the flip holds the asked confidence")
+    assert state.prior is not None  # set on entering the confirm step
+    if confirmed(state.strategy, sides, state.prior.plain, state.settings.confidence):
+        return Finish(EndState.DONE, "the flip holds the asked confidence, on the lifetimes' "
+                                     "own evidence too")
     which = disagreement(s, sides)
     d_bad, t_bad = int(s.divergent[sides.bad]), int(s.total[sides.bad])
     if which is None and not d_bad and t_bad >= state.settings.max_end_lifetimes:

@@ -2,8 +2,8 @@
 
 Pure: plain values in, plain values out; no git, docker or HTTP here. Its callers use
 ``BayesianStrategy`` (record, select, posterior, summary; mark_untestable, retire,
-mark_prepared, set_prior, set_costs, select_batch, rates) and the plain values below, nothing
-else: the parts inside are for this package.
+mark_prepared, set_prior, set_costs, select_batch, rates, summary_under) and the plain values
+below, nothing else: the parts inside are for this package.
 
 Positions ``0..n`` are the candidates in history order: position 0 is the *old end* (the older of
 good/bad), position ``n`` the *new end*. A hypothesis ``f`` in ``1..n`` says the first commit with

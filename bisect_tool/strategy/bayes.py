@@ -116,8 +116,16 @@ class BayesianStrategy:
             self._summary = self._summarise()
         return self._summary
 
-    def _summarise(self) -> Summary:
-        ev, post = self._evidence, self._post
+    def summary_under(self, in_range: np.ndarray, ends: tuple[float, float]) -> Summary:
+        """Where the search would stand under another prior over the flip (``set_prior``'s
+        arguments), on the same evidence: the tiered search's lifetimes weighed without the
+        fast probe's prior (``tiers.lifetimes_alone``). Not cached; changes nothing."""
+        post = FlipPosterior(self._evidence, self._post.priors)
+        post.set_prior(in_range, ends)
+        return self._summarise(post)
+
+    def _summarise(self, post: FlipPosterior | None = None) -> Summary:
+        ev, post = self._evidence, post or self._post
         block, mass = post.top_block()
         beyond, not_bad = post.end_doubts()
         threshold = stop_threshold(self._confidence)

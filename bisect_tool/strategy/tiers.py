@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bisect_tool.strategy import BayesianStrategy, Priors, Summary
+from bisect_tool.strategy.ends import doubts
 from bisect_tool.values import Direction
 
 
@@ -153,6 +154,28 @@ def stand_in_probability(faithful: Summary, prior: MixturePrior) -> float:
     if top == -math.inf:
         return prior.stand_in
     return math.exp(valid - top) / (math.exp(valid - top) + math.exp(plain - top))
+
+
+def lifetimes_alone(faithful: BayesianStrategy, plain: tuple[np.ndarray, tuple[float, float]]
+                    ) -> float:
+    """The confidence from the server lifetimes alone: the faithful tier's evidence under a
+    plain search's prior (``MixturePrior.plain``), the fast probe's share left out, the checks'
+    doubts taken off as a plain search states them. It is the report's "from the server
+    lifetimes alone" (the journal replayed without the op check). On the H100 a tiered run
+    stopped at 99.7 % with it at 96.7 %: three clean lifetimes beside the flip, the rest the op
+    check's prior; issue 39 asks for the asked confidence on the lifetimes' own evidence."""
+    s = faithful.summary_under(*plain)
+    return doubts(s).held(s.confidence)
+
+
+def confirmed(faithful: BayesianStrategy, sides: Sides,
+              plain: tuple[np.ndarray, tuple[float, float]], confidence: float) -> bool:
+    """The confirm step's answer holds: both sides have spoken (the prior alone, the fast
+    probe's flip, is never the answer), the flip holds the stop threshold with the op check's
+    narrowing, and the asked ``confidence`` on the lifetimes' own evidence."""
+    s = faithful.summary()
+    return bool(s.divergent[sides.bad] and s.total[sides.good] and s.done
+                and lifetimes_alone(faithful, plain) >= confidence)
 
 
 def disagreement(faithful: Summary, sides: Sides) -> str | None:
