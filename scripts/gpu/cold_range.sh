@@ -39,7 +39,7 @@ if [ "$LAYOUT" = auto ]; then
   # sparse where the release source fetches the swap-set members by range (issue 39, item 5);
   # padded where it still downloads whole wheels and checks their sha256
   LAYOUT=$(PYTHONPATH=$PWD "$PY" -c 'import inspect
-from bisect_tool.artifacts.sources import ReleaseSource
+from bisect_tool.artifacts.release_source import ReleaseSource
 print("sparse" if "fetch_members" in inspect.getsource(ReleaseSource) else "padded")')
 fi
 HOST=$DEV/host-$LAYOUT

@@ -98,7 +98,7 @@ from bisect_tool.artifacts.download import Downloader
 from bisect_tool.artifacts.extract import sha256_file
 from bisect_tool.artifacts.index import fetch_project_files
 from bisect_tool.artifacts.members import fetch_members
-from bisect_tool.artifacts.sources import ReleaseSource
+from bisect_tool.artifacts.release_source import ReleaseSource
 url, version, layout = sys.argv[1:4]
 member = "vllm/_C_stable_libtorch.abi3.so"
 with httpx.Client(timeout=60) as client, tempfile.TemporaryDirectory() as tmp:

@@ -25,6 +25,10 @@
 #   model     the random Qwen3-0.6B checkpoint the recipe asks for, made once in the cache, so
 #             neither timed run pays for it
 #   bisect    tiered (the op check narrows, lifetimes confirm), state $DEV/state-tiered
+#   again     the same tiered run once more on the same (now warm) machine, state
+#             $DEV/state-tiered-again: the first run's first boots pay the machine's cold start
+#             (first imports 29 s against 0 s warm, model warm-up 22.9 s against 2.1 s: the
+#             2026-12-07c record), which a machine that has run vLLM before does not
 #   nonarrow  --no-narrow (lifetimes only), state $DEV/state-nonarrow
 #   cold      the default run from an emptied cache (issue 39, item 5: "artifacts carried in,
 #             the cache emptied"): $DEV/cache-cold holds only the listing, and each release's
@@ -40,8 +44,8 @@
 # Env: DEV (/tmp/dev), CARRY (.devcarry), OUT, DEADLINE_S (540), GOOD (0.28.0), BAD (0.22.0),
 # GATE_OPS (unset: the full gate; a space-separated op list limits it, as release_proof's locate),
 # RELEASES_ONLY (a space-separated subset of the ten, for a shorter range), PER_GPU ("auto", the
-# recipe's default: as many lifetimes on the GPU as its free memory holds, at most 6 until the
-# probe's co-residency says otherwise, each server told its KV cache size, the controls on slots
+# recipe's default: as many lifetimes on the GPU as its free memory holds, at most 6 (8 servers with the
+# controls') until the probe's co-residency says otherwise, each server told its KV cache size, the controls on slots
 # of their own: bisect_tool/runtime/sizing.py; a number N > 1: N, each told 3 GiB, the seed's
 # 27,744 tokens, so it skips vLLM's free-memory profile, and the controls' server on a slot of
 # its own: [runtime] controls_own_slot; 1: one lifetime at a time),
@@ -401,7 +405,7 @@ step_report() {
   # everything else in one archive.
   local mode sd rec=$DEV/record
   rm -rf "$rec" && mkdir -p "$rec"
-  for mode in "tiered$TAG" "nonarrow$TAG" cold; do
+  for mode in "tiered$TAG" "tiered-again$TAG" "nonarrow$TAG" cold; do
     sd=$DEV/state-$mode
     [ -f "$sd/journal.jsonl" ] || { log "report: $mode has no journal"; continue; }
     "$PY" -m bisect_tool report --state-dir "$sd" -o "$rec/report-$mode.md" || true
@@ -423,11 +427,12 @@ for step in "$@"; do
     verify) step_verify ;;
     model) step_model ;;
     bisect) run_bisect "tiered$TAG" ;;
+    again) run_bisect "tiered-again$TAG" ;;
     nonarrow) run_bisect "nonarrow$TAG" --no-narrow ;;
     cold) (run_bisect cold) ;;
     report) step_report ;;
     recipe) log "recipe: $(recipe)" ;;  # the recipe the runs use, written and checked alone
-    *) echo "unknown step $step (stack, so, verify, model, bisect, nonarrow, cold, report, recipe)" >&2; exit 2 ;;
+    *) echo "unknown step $step (stack, so, verify, model, bisect, again, nonarrow, cold, report, recipe)" >&2; exit 2 ;;
   esac
   log "$step done ($(( $(date +%s) - t0 )) s)"
 done
