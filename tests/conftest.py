@@ -40,15 +40,49 @@ def pytest_configure(config: pytest.Config) -> None:
     tier.FAST = "not slow" in (config.getoption("markexpr", "") or "")
 
 
+#: seconds each test file took in the fast tier (scripts/check-durations.py writes it from a
+#: ``make check`` run's own timings): what ``make check``'s halves are balanced by
+CHECK_SECONDS = Path(__file__).with_name("check-seconds.json")
+
+
+def shard_files(weights: dict[str, float], count: int) -> list[set[str]]:
+    """The test files split into ``count`` shares of about equal seconds: the longest first,
+    each to the share with the least so far. Whole files, so that a module's fixtures are built
+    in one process only (every other test of a file, as before, built them in both, and halves
+    of 102.7 s and 133.0 s came out)."""
+    shares: list[set[str]] = [set() for _ in range(count)]
+    loads = [0.0] * count
+    for name in sorted(weights, key=lambda n: (-weights[n], n)):
+        least = loads.index(min(loads))
+        shares[least].add(name)
+        loads[least] += weights[name]
+    return shares
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``BISECT_TEST_SHARD=i/n`` (scripts/check.sh): this process runs every n-th test from the
-    i-th, so n processes share the suite. A test's module-scoped fixtures may then be built in
-    more than one of them; the session's are in each anyway."""
+    """``BISECT_TEST_SHARD=i/n`` (scripts/check.sh): this process runs the i-th of n shares of
+    the test files, balanced by their measured seconds (``CHECK_SECONDS``; a file not measured
+    yet counts as its tests times the median second a test), so n processes share the suite.
+    The session's fixtures are built in each."""
+    import json
+    import statistics
+
     shard = os.environ.get("BISECT_TEST_SHARD", "")
     if not shard:
         return
     index, count = (int(x) for x in shard.split("/"))
-    keep = items[index::count]
+    files: dict[str, int] = {}
+    for item in items:
+        name = item.nodeid.split("::")[0]
+        files[name] = files.get(name, 0) + 1
+    measured: dict[str, dict[str, float]] = (
+        json.loads(CHECK_SECONDS.read_text()) if CHECK_SECONDS.is_file() else {})
+    per_test = statistics.median(
+        [v["seconds"] / v["tests"] for v in measured.values() if v.get("tests")] or [1.0])
+    weights = {name: float(measured[name]["seconds"]) if name in measured else n * per_test
+               for name, n in files.items()}
+    mine = shard_files(weights, count)[index]
+    keep = [item for item in items if item.nodeid.split("::")[0] in mine]
     kept = set(keep)
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = keep

@@ -66,6 +66,10 @@ def _files(root: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in root.rglob("*")}
 
 
+# `plan` and `start --dry-run` on the demo's 300-commit history, each playing the run forward 16
+# times: 13 s since the confirm step waits for the lifetimes' own evidence (the demo's p is low).
+# The fast tier keeps test_plan_json_says_the_same_for_machines.
+@pytest.mark.slow
 def test_plan_lists_every_candidate_its_origin_the_gate_the_cost_and_the_environment(
     tmp_path: Path, history: DemoHistory, demo: tuple[Path, list[str], str]
 ) -> None:

@@ -158,6 +158,22 @@ def test_a_card_holds_at_most_the_knee_the_controls_counted() -> None:
             held.close()  # the controls end
             with pool.lease(timeout=1) as sixth:
                 assert sixth == "0"
+    # the H100's "again" run: the six lifetimes leased before the controls' three servers, and
+    # nine shared the card. Reserved when the controls are handed out, they keep their room
+    pool = GpuPool(["0"], per_gpu=6, controls_slot=True, controls_servers=3, most_servers=8)
+    pool.reserve_controls()
+    with contextlib.ExitStack() as held:
+        for _ in range(5):
+            held.enter_context(pool.lease(timeout=1))
+        with pytest.raises(TimeoutError), pool.lease(timeout=0.05):
+            pass  # the sixth lifetime waits: three servers of the eight are the controls'
+        for _ in range(3):
+            held.enter_context(pool.controls_lease(timeout=1))
+        assert pool.sharing("0") == 8
+    pool.release_controls()
+    with contextlib.ExitStack() as held:
+        for _ in range(6):
+            held.enter_context(pool.lease(timeout=1))  # the controls ended: six lifetimes
     unbounded = GpuPool(["0"], per_gpu=6, controls_slot=True, controls_servers=3)
     with contextlib.ExitStack() as held:
         for _ in range(3):

@@ -345,3 +345,35 @@ def test_the_lifetimes_alone_that_stop_the_run_are_the_reports() -> None:
     theirs = report_alone(contents)
     assert theirs is not None and abs(ours - theirs) < 1e-9
     assert round(ours, 3) == 0.967  # the record's "96.7 % from the server lifetimes alone"
+
+
+def test_the_controls_are_made_before_the_lifetimes_beside_them_start(tmp_path: Path) -> None:
+    """The controls' runner is made where the run hands the controls out, on the run's own
+    thread, before the lifetimes handed out with them start: the server backend's runner
+    reserves its servers' room on the card there (``GpuPool.reserve_controls``). On the H100,
+    made on the controls' own thread, six lifetimes leased first and nine servers shared the
+    card."""
+    import threading
+
+    rng = make_range(12)
+    shas = [c.sha for c in rng.candidates]
+    made_on: list[str] = []
+    started: list[str] = []
+
+    class Recorded(_Controls):
+        def __call__(self, commit: str) -> _Controls:
+            made_on.append(threading.current_thread().name)
+            started.append("controls made")
+            return super().__call__(commit)
+
+    class Faithful(Gated):
+        def evaluate(self, commit: str, lifetime_id: str, tags: object = ()) -> Observation:
+            started.append("lifetime")
+            return super().evaluate(commit, lifetime_id, tags)
+
+    ran: list[str] = []
+    summary, _ = _release_run(tmp_path, rng, None, Faithful(shas, 5, 1.0), 2,
+                              Recorded(None, ran))
+    assert summary["state"] == "done" and ran
+    assert made_on == [threading.main_thread().name]
+    assert started.index("controls made") < started.index("lifetime")

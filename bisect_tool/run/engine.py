@@ -111,6 +111,9 @@ class Engine:
         self._pool: ThreadPoolExecutor | None = None
         # the gate sweep's checks in the background (the controls have daemon threads)
         self._background_pool: ThreadPoolExecutor | None = None
+        # the controls' runners, made when their item is handed out (before the lifetimes
+        # beside them start: a runner may reserve their GPU room), run on their own thread
+        self._controls_runners: dict[int, ControlsRunner | None] = {}
 
     def append(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Journal ``entry`` and apply it, as written, to the design."""
@@ -241,6 +244,9 @@ class Engine:
             raise InfrastructureError("a design handed out no work; this is a bug in bisect")
         items = [item for item in work.items if not item.background]
         for item in work.items:
+            if item.controls:
+                self._controls_runners[id(item)] = self.controls_for(item.commit)
+        for item in work.items:
             if item.background:
                 if item.controls:
                     # the controls on a thread of their own, never waited for at exit: Ctrl-C
@@ -309,7 +315,8 @@ class Engine:
         return obs
 
     def _run_controls(self, item: Item) -> Mapping[str, Any]:
-        runner = self.controls_for(item.commit)
+        runner = (self._controls_runners.pop(id(item)) if id(item) in self._controls_runners
+                  else self.controls_for(item.commit))
         if runner is None:
             raise InfrastructureError(
                 "the run asked for the controls, but its backend cannot run them; pass "

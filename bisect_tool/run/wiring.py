@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bisect_tool.errors import RecipeError
 from bisect_tool.evaluate.server import controls_runner, server_evaluator
@@ -117,6 +117,20 @@ def op_evaluator(
 # -- the probe kinds ------------------------------------------------------------------------------
 
 
+class _Releasing:
+    """A controls runner that gives back, when it ends, the GPU room ``reserve_controls`` kept
+    for its servers."""
+
+    def __init__(self, runner: ControlsRunner, pool: GpuPool) -> None:
+        self.runner, self.pool = runner, pool
+
+    def run(self) -> Mapping[str, Any]:
+        try:
+            return self.runner.run()
+        finally:
+            self.pool.release_controls()
+
+
 @contextmanager
 def _server(w: Wiring) -> Iterator[Evaluators]:
     runtime = w.recipe.runtime
@@ -137,8 +151,10 @@ def _server(w: Wiring) -> Iterator[Evaluators]:
         )
 
         def controls_for(commit: str) -> ControlsRunner:
-            return controls_runner(w.recipe.probe, evaluator, commit, w.tags,
-                                   gpu_lease=pool.controls_lease, recipe_env=runtime.env)
+            pool.reserve_controls()
+            return _Releasing(controls_runner(w.recipe.probe, evaluator, commit, w.tags,
+                                              gpu_lease=pool.controls_lease,
+                                              recipe_env=runtime.env), pool)
 
         # The fast stand-in runs on the same artifacts (one cache). It also asks the gate
         # whether the faithful tier could run each candidate, so the confirm step never picks

@@ -66,6 +66,10 @@ class GpuPool:
         self._most_servers = most_servers
         self._controls_cap = max(1, controls_servers) if controls_slot else 0
         self._controls_held = 0
+        # the controls' servers not yet on a card, from ``reserve_controls`` on: lifetimes leave
+        # them room under the ceiling (on the H100 six lifetimes that started first and then
+        # the controls' three made nine servers, and a lifetime fell short of co-residency 44)
+        self._controls_reserved = 0
         self._cond = threading.Condition()
         self._tickets = itertools.count()
         self._queue: list[int] = []  # lifetimes' leases waiting, first asked first
@@ -131,6 +135,20 @@ class GpuPool:
             return self.lease(timeout)
         return self._controls(timeout)
 
+    def reserve_controls(self) -> None:
+        """The controls are about to start: under the ceiling (``most_servers``) lifetimes
+        leave their servers room, each until it takes its slot or ``release_controls``. Called
+        before the lifetimes beside them are started, so whichever leases first, the card
+        holds no more than the ceiling."""
+        with self._cond:
+            self._controls_reserved = self._controls_cap if self._most_servers else 0
+
+    def release_controls(self) -> None:
+        """The controls ended: what they had not taken of their reservation is free again."""
+        with self._cond:
+            self._controls_reserved = 0
+            self._cond.notify_all()
+
     @contextlib.contextmanager
     def _controls(self, timeout: float | None) -> Iterator[str | None]:
         with self._cond:
@@ -138,6 +156,7 @@ class GpuPool:
                                        timeout):
                 raise TimeoutError(f"no slot for the controls within {timeout} s")
             self._controls_held += 1
+            self._controls_reserved = max(0, self._controls_reserved - 1)
             # on the GPUs that carry the fewest servers now (their boots take those GPUs' turns)
             picked = (sorted(self._ids, key=lambda g: (self._on[g], self._ids.index(g)))
                       [:self.width] if self._ids else [])
@@ -189,8 +208,11 @@ class GpuPool:
         The ``width`` GPUs with the most free shares (the least crowded first)."""
         if not self._ids:
             return [] if self._anonymous_held < self._anonymous else None
+        # the controls' reserved servers go where they will: the card carrying the fewest now
+        calm = min(self._ids, key=lambda g: (self._on[g], self._ids.index(g)))
         free = [g for g in self._ids if self._held[g] < self._capacity[g]
-                and (not self._most_servers or self._on[g] < self._most_servers)]
+                and (not self._most_servers or self._on[g]
+                     + (self._controls_reserved if g == calm else 0) < self._most_servers)]
         if len(free) < width:
             return None
         free.sort(key=lambda g: (self._held[g] - self._capacity[g], self._on[g],
