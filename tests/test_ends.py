@@ -471,6 +471,9 @@ def test_the_floor_is_in_the_end_entry_and_the_report_names_the_setting() -> Non
     assert "not a rarer one; held to --clean-against 0.15)" in md
 
 
+# a whole `--run` bisect started, cut back and resumed (4.5 s); the fast tier keeps the floor's
+# recipe check, its 0.15 cell in simulate and the report's wording
+@pytest.mark.slow
 def test_the_clean_against_flag_lands_in_the_header_and_resume_keeps_it(
     repo: Repo, tmp_path: Path
 ) -> None:
