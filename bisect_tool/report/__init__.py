@@ -75,33 +75,19 @@ def render_report(
 
 
 def lifetimes_alone(contents: Any) -> float | None:
-    """A tiered run's confidence from its server lifetimes alone: the same journal replayed
-    without the op check (its runs and phases left out, the recipe's ``narrow`` off), the
-    candidates the pinned stack rejected still untestable. None for a run without an op check."""
-    import copy
-
+    """A tiered run's confidence from its server lifetimes alone: its faithful lifetimes under
+    a plain search's prior, the op check's left out (``tiers.lifetimes_alone``, the number the
+    confirm step also stops on). None for a run without an op check."""
     from bisect_tool.designs import ledger
-    from bisect_tool.journal import JournalContents
+    from bisect_tool.strategy.tiers import lifetimes_alone as alone
+    from bisect_tool.strategy.tiers import plain_prior
 
     header = contents.header
     probe = (header.get("recipe") or {}).get("probe") or {}
     if not probe.get("narrow") or header.get("mode") != "recipe":
         return None
-    plain = copy.deepcopy(dict(header))
-    plain["recipe"]["probe"]["narrow"] = ""
-    entries = []
-    for entry in contents.entries:
-        if entry.get("type") == "phase":
-            continue
-        if entry.get("type") == "observation" and entry.get("tier") == "narrow":
-            detail = entry.get("detail") if isinstance(entry.get("detail"), dict) else {}
-            if detail.get("gate") not in (None, "ok"):  # the gate's verdict is not the op's
-                entries.append({"type": "untestable", "commit": entry.get("commit"),
-                                "position": entry.get("position"), "message": detail["gate"]})
-            continue
-        entries.append(entry)
-    replayed = ledger.replay(JournalContents(plain, tuple(entries), contents.torn_tail))
-    return float(replayed.standing().confidence)
+    state = ledger.replay(contents)
+    return alone(state.strategy, plain_prior(len(state.candidates), state.settings.end_doubt))
 
 
 def bundled_recipe(contents: object) -> dict[str, object] | None:

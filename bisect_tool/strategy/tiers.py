@@ -115,14 +115,19 @@ class MixturePrior:
     plain: tuple[np.ndarray, tuple[float, float]]  # F anywhere, as in a plain search
 
 
+def plain_prior(size: int, end_doubt: float) -> tuple[np.ndarray, tuple[float, float]]:
+    """A plain search's prior over the flip, as ``set_prior``'s arguments: every flip of a range
+    of ``size`` positions alike, ``end_doubt`` on each end."""
+    n = size - 1
+    return np.full(n, (1 - 2 * end_doubt) / n), (end_doubt, end_doubt)
+
+
 def mixture_prior(narrow: BayesianStrategy, stand_in: float, end_doubt: float) -> MixturePrior:
     """P(F) = stand_in * P_fast(F) + (1 - stand_in) * P_plain(F)."""
     if not 0 <= stand_in < 1:
         raise ValueError("stand_in_prior must be in [0, 1)")
     summary = narrow.summary()
-    n = summary.size - 1
-    plain_in = np.full(n, (1 - 2 * end_doubt) / n)
-    plain_ends = (end_doubt, end_doubt)
+    plain_in, plain_ends = plain_prior(summary.size, end_doubt)
     valid_in = np.asarray(narrow.posterior(), dtype=float).copy()
     valid_ends = (summary.good_end_doubt, summary.bad_end_doubt)
     in_range = stand_in * valid_in + (1 - stand_in) * plain_in
